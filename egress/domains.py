@@ -1,0 +1,182 @@
+"""Host names and allowlist patterns: normalisation and most-specific matching.
+
+Pure functions over strings; no I/O. A host is compared in one canonical form:
+lower case, no trailing dot, IDN labels in punycode, IP literals in their
+canonical text form (so `0x7f000001`, `127.1` and `2130706433` all become
+`127.0.0.1`, exactly as a resolver would read them).
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
+# Loopback names that must never reach a resolver (RFC 6761 §6.3).
+_LOOPBACK_NAMES = ("localhost",)
+
+
+class HostError(ValueError):
+    """A host or pattern that cannot be used; the message says why."""
+
+
+def parse_ipv4_literal(text: str) -> ipaddress.IPv4Address | None:
+    """Read `text` the way inet_aton(3) does, or return None if it is not an IPv4 literal.
+
+    glibc's resolver accepts `127.1`, `2130706433`, `0x7f.1` and `0177.0.0.1`;
+    a proxy that only recognised dotted quads would pass them to the resolver
+    and be surprised by the answer.
+    """
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 4:
+        return None
+    values = []
+    for part in parts:
+        try:
+            if part[:2].lower() == "0x":
+                values.append(int(part[2:], 16) if len(part) > 2 else 0)
+            elif len(part) > 1 and part[0] == "0":
+                values.append(int(part, 8))
+            elif part.isdigit():
+                values.append(int(part, 10))
+            else:
+                return None
+        except ValueError:
+            return None
+    *head, last = values
+    if any(v > 255 for v in head) or last >= 256 ** (4 - len(head)):
+        return None
+    number = 0
+    for v in head:
+        number = number << 8 | v
+    number = number << 8 * (4 - len(head)) | last
+    return ipaddress.IPv4Address(number)
+
+
+def parse_ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address a host string denotes, or None when it is a name."""
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    if ":" in text:
+        try:
+            address = ipaddress.IPv6Address(text.split("%", 1)[0])
+        except ValueError:
+            return None
+        return address
+    return parse_ipv4_literal(text.rstrip(".") if text.count(".") == 4 else text)
+
+
+def normalize_host(raw: str) -> str:
+    """Canonical form of a requested host name or IP literal; raises HostError."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise HostError("empty host")
+    ip = parse_ip_literal(raw)
+    if ip is not None:
+        return str(ip)
+    host = raw.strip().rstrip(".")
+    if host.startswith("[") or ":" in host:
+        raise HostError("malformed IP literal")
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise HostError(f"invalid internationalised name ({exc.reason})") from None
+    host = host.lower()
+    if len(host) > 253:
+        raise HostError("name longer than 253 characters")
+    for label in host.split("."):
+        if not _LABEL.match(label):
+            raise HostError(f"invalid label {label!r}" if label else "empty label")
+    return host
+
+
+def is_loopback_name(host: str) -> bool:
+    """`localhost` and anything under it, for a normalised host."""
+    return any(host == n or host.endswith("." + n) for n in _LOOPBACK_NAMES)
+
+
+@functools.cache
+def _public_suffixes():
+    # Only the ICANN section: `*.github.io` is a deliberate choice an operator may
+    # make, `*.co.uk` is always a mistake. Unknown TLDs count as public.
+    from publicsuffixlist import PublicSuffixList
+
+    return PublicSuffixList(only_icann=True)
+
+
+PatternKind = Literal["exact", "wildcard", "any"]
+
+
+@dataclass(frozen=True)
+class DomainPattern:
+    """A parsed allowlist pattern: `host`, `*.host` or `*`."""
+
+    text: str  # as written in the spec, used as the metrics `rule` label
+    kind: PatternKind
+    domain: str  # canonical host (exact) or suffix (wildcard); "" for any
+
+
+def parse_pattern(text: object) -> DomainPattern:
+    """Parse one allowlist `domain`; raises HostError naming what is wrong."""
+    if not isinstance(text, str):
+        raise HostError(f"must be a string, not {type(text).__name__}")
+    stripped = text.strip()
+    if not stripped:
+        raise HostError("empty pattern")
+    if stripped == "*":
+        return DomainPattern(stripped, "any", "")
+    if stripped.startswith("*."):
+        rest = stripped[2:]
+        if "*" in rest:
+            raise HostError(f"{text!r}: '*' is only allowed as the whole first label")
+        if parse_ip_literal(rest) is not None:
+            raise HostError(f"{text!r}: a wildcard cannot cover an IP address")
+        suffix = normalize_host(rest)
+        if _public_suffixes().is_public(suffix):
+            raise HostError(
+                f"{text!r}: wildcard over the public suffix {suffix!r} would allow every domain under it"
+            )
+        return DomainPattern(stripped, "wildcard", suffix)
+    if "*" in stripped:
+        raise HostError(f"{text!r}: use 'host', '*.host' or '*' ('*' must be a whole label)")
+    return DomainPattern(stripped, "exact", normalize_host(stripped))
+
+
+@dataclass
+class Allowlist[Entry]:
+    """Most-specific-wins lookup: exact > longest `*.` suffix > `*`.
+
+    Lookups are dictionary probes, one per label of the host, so the cost does not
+    grow with the number of entries.
+    """
+
+    exact: dict[str, Entry] = field(default_factory=dict)
+    wildcard: dict[str, Entry] = field(default_factory=dict)
+    any: Entry | None = None
+
+    def add(self, pattern: DomainPattern, entry: Entry) -> None:
+        if pattern.kind == "exact":
+            self.exact[pattern.domain] = entry
+        elif pattern.kind == "wildcard":
+            self.wildcard[pattern.domain] = entry
+        else:
+            self.any = entry
+
+    def __len__(self) -> int:
+        return len(self.exact) + len(self.wildcard) + (self.any is not None)
+
+    def match(self, host: str) -> Entry | None:
+        """Entry for a normalised host, or None."""
+        if (entry := self.exact.get(host)) is not None:
+            return entry
+        if self.wildcard and parse_ip_literal(host) is None:
+            labels = host.split(".")
+            # Start at the longest proper suffix: `*.a.b` never matches `a.b` itself.
+            for i in range(1, len(labels)):
+                if (entry := self.wildcard.get(".".join(labels[i:]))) is not None:
+                    return entry
+        return self.any

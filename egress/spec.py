@@ -1,0 +1,258 @@
+"""The environment spec (SPEC §2): parsing and validation into a `Spec`.
+
+Accepts JSON or YAML, the whole environment object or just its `network`
+part. Every problem is reported with the path of the entry and field it is
+about (`network.allowlist[2].transform.Authorization: ...`); all problems are
+collected before giving up, so one `check` run shows them all.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from egress import secrets
+from egress.addresses import IPNetwork, cidr_problem
+from egress.domains import Allowlist, DomainPattern, HostError, parse_pattern
+
+MODES = ("enforce", "report")
+_TOKEN_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+# Headers whose meaning belongs to the connection or the message framing: injecting
+# them would let the spec break the request rather than authenticate it.
+_RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+_NETWORK_FIELDS = {"allowlist", "mode", "allowCidrs"}
+_ENTRY_FIELDS = {"domain", "transform"}
+
+
+class SpecError(Exception):
+    """The spec cannot be used. `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class AllowlistEntry:
+    pattern: DomainPattern
+    transform: dict[str, secrets.Secret] = field(default_factory=dict)
+
+    @property
+    def rule(self) -> str:
+        return self.pattern.text
+
+
+@dataclass(frozen=True)
+class Spec:
+    allowlist: Allowlist[AllowlistEntry]
+    mode: str = "enforce"
+    allow_cidrs: tuple[IPNetwork, ...] = ()
+    entries: tuple[AllowlistEntry, ...] = ()
+
+    @property
+    def has_transforms(self) -> bool:
+        return any(e.transform for e in self.entries)
+
+
+def load_spec(path: str | Path, environ: dict[str, str] | None = None) -> Spec:
+    """Read and validate a spec file; raises SpecError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([f"{path}: file not found"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})"]) from None
+    return parse_spec(text, source=str(path), environ=environ)
+
+
+def parse_spec(text: str, source: str = "<spec>", environ: dict[str, str] | None = None) -> Spec:
+    data = _parse_document(text, source)
+    problems: list[str] = []
+    spec = _build(data, problems, environ)
+    if problems:
+        raise SpecError([f"{source}: {p}" for p in problems])
+    assert spec is not None
+    return spec
+
+
+def _parse_document(text: str, source: str) -> Any:
+    if source.endswith(".json"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError([f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg})"]) from None
+    try:
+        # YAML 1.1 is a superset of JSON for everything a spec contains.
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise SpecError([f"{source}: {where}invalid YAML ({problem})"]) from None
+
+
+def _build(data: Any, problems: list[str], environ: dict[str, str] | None) -> Spec | None:
+    if not isinstance(data, dict):
+        problems.append("top level must be a mapping (the environment object or its `network` part)")
+        return None
+    if "network" in data:
+        network, where = data["network"], "network"
+    elif "allowlist" in data:
+        network, where = data, "network"
+    else:
+        problems.append("no `network` (or bare `allowlist`) found")
+        return None
+    if not isinstance(network, dict):
+        problems.append(f"{where}: must be a mapping")
+        return None
+    for key in sorted(set(network) - _NETWORK_FIELDS, key=str):
+        problems.append(f"{where}.{key}: unknown field (expected one of {', '.join(sorted(_NETWORK_FIELDS))})")
+
+    mode = network.get("mode", "enforce")
+    if mode not in MODES:
+        problems.append(f"{where}.mode: {mode!r} is not one of {', '.join(MODES)}")
+
+    allow_cidrs = _parse_cidrs(network.get("allowCidrs", []), f"{where}.allowCidrs", problems)
+
+    raw_entries = network.get("allowlist")
+    if raw_entries is None:
+        problems.append(f"{where}.allowlist: missing (an empty list blocks everything)")
+        raw_entries = []
+    elif not isinstance(raw_entries, list):
+        problems.append(f"{where}.allowlist: must be a list")
+        raw_entries = []
+
+    allowlist: Allowlist[AllowlistEntry] = Allowlist()
+    entries: list[AllowlistEntry] = []
+    seen: dict[tuple[str, str], int] = {}
+    for index, raw in enumerate(raw_entries):
+        entry = _parse_entry(raw, f"{where}.allowlist[{index}]", problems, environ)
+        if entry is None:
+            continue
+        key = (entry.pattern.kind, entry.pattern.domain)
+        if key in seen:
+            problems.append(
+                f"{where}.allowlist[{index}].domain: {entry.pattern.text!r} repeats allowlist[{seen[key]}]"
+            )
+            continue
+        seen[key] = index
+        allowlist.add(entry.pattern, entry)
+        entries.append(entry)
+    if problems:
+        return None
+    return Spec(allowlist=allowlist, mode=mode, allow_cidrs=tuple(allow_cidrs), entries=tuple(entries))
+
+
+def _parse_cidrs(raw: Any, where: str, problems: list[str]) -> list[IPNetwork]:
+    if not isinstance(raw, list):
+        problems.append(f"{where}: must be a list of CIDR ranges")
+        return []
+    networks = []
+    for index, item in enumerate(raw):
+        try:
+            network = ipaddress.ip_network(str(item).strip(), strict=True)
+        except ValueError as exc:
+            problems.append(f"{where}[{index}]: {item!r} is not a CIDR range ({exc})")
+            continue
+        if (problem := cidr_problem(network)) is not None:
+            problems.append(f"{where}[{index}]: {network} {problem}")
+            continue
+        networks.append(network)
+    return networks
+
+
+def _parse_entry(raw: Any, where: str, problems: list[str], environ: dict[str, str] | None) -> AllowlistEntry | None:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a mapping with a `domain`")
+        return None
+    start = len(problems)
+    for key in sorted(set(raw) - _ENTRY_FIELDS, key=str):
+        problems.append(f"{where}.{key}: unknown field (expected domain, transform)")
+    if "domain" not in raw:
+        problems.append(f"{where}.domain: missing")
+        return None
+    try:
+        pattern = parse_pattern(raw["domain"])
+    except HostError as exc:
+        problems.append(f"{where}.domain: {exc}")
+        return None
+    transform = _parse_transform(raw.get("transform"), pattern, f"{where}.transform", problems, environ)
+    if len(problems) > start:
+        return None
+    return AllowlistEntry(pattern=pattern, transform=transform)
+
+
+def _parse_transform(
+    raw: Any, pattern: DomainPattern, where: str, problems: list[str], environ: dict[str, str] | None
+) -> dict[str, secrets.Secret]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a mapping of header name to value")
+        return {}
+    if pattern.kind == "any" and raw:
+        problems.append(f"{where}: not allowed on '*' (it would send the credential to every host)")
+        return {}
+    result: dict[str, secrets.Secret] = {}
+    seen: set[str] = set()
+    for name, value in raw.items():
+        field_where = f"{where}.{name}"
+        if not isinstance(name, str) or not _TOKEN_NAME.match(name):
+            problems.append(f"{where}: header name {name!r} is not a valid RFC 9110 token")
+            continue
+        if name.lower() in _RESERVED_HEADERS:
+            problems.append(f"{field_where}: {name} is a connection/framing header and cannot be injected")
+            continue
+        if name.lower() in seen:
+            problems.append(f"{field_where}: header given twice (names are case-insensitive)")
+            continue
+        seen.add(name.lower())
+        if not isinstance(value, str):
+            problems.append(f"{field_where}: value must be a string, not {type(value).__name__}")
+            continue
+        try:
+            secret = secrets.expand(value, environ)
+        except secrets.SecretReferenceError as exc:
+            problems.append(f"{field_where}: {exc}")
+            continue
+        if (problem := _header_value_problem(secret.reveal())) is not None:
+            problems.append(f"{field_where}: value {problem}")
+            continue
+        result[name] = secret
+    return result
+
+
+def _header_value_problem(value: str) -> str | None:
+    # Never echo the value: it is usually a credential.
+    if not value:
+        return "is empty"
+    if "\r" in value or "\n" in value:
+        return "contains CR or LF (header injection)"
+    if "\0" in value:
+        return "contains NUL"
+    if any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in value):
+        return "contains a control character"
+    if value != value.strip(" \t"):
+        return "has leading or trailing whitespace"
+    if not value.isascii():
+        return "is not ASCII"
+    return None

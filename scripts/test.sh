@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One command for a fresh machine: installs system tools the tests drive (Debian/apt),
+# builds and installs the package into .venv, then runs the whole test suite.
+# End-to-end tests create network namespaces and therefore need root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+for tool in curl git node ip nft iptables prometheus promtool wrk hey nginx squid; do
+  command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq curl git nodejs iproute2 nftables iptables prometheus wrk hey nginx-light squid >/dev/null
+    # The Debian packages start services we do not want; tests start their own.
+    for svc in prometheus nginx squid; do systemctl stop "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true; done
+  else
+    echo "warning: missing tools (${need[*]}); tests that need them will fail" >&2
+  fi
+fi
+scripts/install.sh --test
+scripts/fetch-helm.sh
+exec .venv/bin/pytest "$@"
