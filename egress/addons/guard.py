@@ -1,0 +1,185 @@
+"""DestinationGuard: allowlist, address guard and address pinning on mitmproxy hooks.
+
+Hook by hook:
+- `http_connect`     check the CONNECT authority; 403 or remember the tunnel.
+- `requestheaders`   check each request's destination (and that it agrees with the
+                     tunnel it travels in); 403 or let it on.
+- `tls_clienthello`  SNI must equal the CONNECT host; entries without a transform
+                     are passed through without interception.
+- `server_connect`   dial only the address that was checked for this client and
+                     destination; anything else is refused (fail closed).
+Policy lives in `egress.policy` / `egress.destinations`; this file only wires it in.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from mitmproxy import connection, http, tls
+from mitmproxy.net.http import url
+from mitmproxy.proxy import server_hooks
+
+from egress import policy
+from egress.addresses import IPAddress
+from egress.audit import DecisionLog
+from egress.destinations import DestinationChecker
+from egress.domains import HostError, normalize_host
+
+logger = logging.getLogger(__name__)
+DECISION_KEY = "egress.decision"
+
+
+@dataclass
+class Tunnel:
+    host: str  # normalised CONNECT host
+    port: int
+    decision: policy.Decision
+    blocked: str = ""  # reason, once the TLS ClientHello has been refused
+
+
+@dataclass
+class ClientState:
+    tunnel: Tunnel | None = None
+    # (normalised host, port) -> the one address checked for it.
+    pins: dict[tuple[str, int], IPAddress] = field(default_factory=dict)
+
+
+def deny_response(reason: str, host: str) -> http.Response:
+    return http.Response.make(
+        403,
+        policy.deny_body(reason, host),
+        {"Content-Type": "application/json", "X-Egress-Denied": reason, "Connection": "close"},
+    )
+
+
+def _client_label(client: connection.Client) -> str:
+    host, port, *_ = client.peername
+    return f"{host}:{port}"
+
+
+def _normalized(host: str) -> str | None:
+    try:
+        return normalize_host(host)
+    except HostError:
+        return None
+
+
+class DestinationGuard:
+    def __init__(self, checker: DestinationChecker, log: DecisionLog):
+        self.checker = checker
+        self.log = log
+        self.clients: dict[str, ClientState] = {}
+        self._dialing: dict[str, tuple[str, int]] = {}
+
+    def _state(self, client: connection.Client) -> ClientState:
+        return self.clients.setdefault(client.id, ClientState())
+
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        host, port = flow.request.host, flow.request.port
+        decision, address = await self.checker.check(host, port)
+        if not decision.allowed:
+            flow.response = deny_response(decision.reason, decision.host)
+            self.log.record(decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel")
+            return
+        state = self._state(flow.client_conn)
+        state.tunnel = Tunnel(decision.host, port, decision)
+        state.pins[(decision.host, port)] = address
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.request.method == "CONNECT":
+            return
+        decision = await self._check_request(flow)
+        flow.metadata[DECISION_KEY] = decision
+        if not decision.allowed:
+            flow.response = deny_response(decision.reason, decision.host)
+            self.log.record(
+                decision, client=_client_label(flow.client_conn), port=flow.request.port, method=flow.request.method
+            )
+        # Allowed requests are logged by the credential injector, which knows what it added.
+
+    async def _check_request(self, flow: http.HTTPFlow) -> policy.Decision:
+        request = flow.request
+        spec = self.checker.spec
+        state = self._state(flow.client_conn)
+        host = _normalized(request.host)
+        if host is None:
+            return policy.check_name(spec, request.host)
+        tunnel = state.tunnel
+        # Inside a CONNECT tunnel mitmproxy takes the destination from the Host header
+        # or :authority, so it must be the host the tunnel was opened (and checked) for;
+        # outside one, the absolute URI and the Host header must agree.
+        in_wrong_tunnel = tunnel is not None and (host, request.port) != (tunnel.host, tunnel.port)
+        if in_wrong_tunnel or not self._authority_agrees(request, host):
+            named = tunnel.decision if tunnel is not None else policy.check_name(spec, request.host)
+            return policy.with_reason(spec, named, policy.HOST_MISMATCH)
+
+        decision = tunnel.decision if tunnel is not None else None
+        if decision is None or (host, request.port) not in state.pins:
+            decision, address = await self.checker.check(request.host, request.port)
+            if not decision.allowed:
+                return decision
+            state.pins[(decision.host, request.port)] = address
+        if decision.transform and request.scheme != "https":
+            return policy.with_reason(spec, decision, policy.PLAINTEXT_CREDENTIALS)
+        return decision
+
+    @staticmethod
+    def _authority_agrees(request: http.Request, host: str) -> bool:
+        """Every name the request carries (Host header, :authority) is the destination's."""
+        for value in (request.headers.get("host"), request.authority or None):
+            if value is None:
+                continue
+            try:
+                named, port = url.parse_authority(value, check=False)
+            except ValueError:
+                return False
+            if _normalized(named) != host or (port is not None and port != request.port):
+                return False
+        return True
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        state = self.clients.get(data.context.client.id)
+        tunnel = state.tunnel if state else None
+        if tunnel is None:
+            return
+        client = _client_label(data.context.client)
+        sni = data.client_hello.sni
+        if sni is not None and _normalized(sni) != tunnel.host:
+            tunnel.blocked = policy.HOST_MISMATCH
+            # Neither intercept nor forward: server_connect refuses, the client sees a close.
+            data.ignore_connection = True
+            decision = policy.with_reason(self.checker.spec, tunnel.decision, policy.HOST_MISMATCH)
+            self.log.record(decision, client=client, port=tunnel.port, method="TLS", kind="tunnel")
+            return
+        if not tunnel.decision.transform:
+            data.ignore_connection = True
+            self.log.record(tunnel.decision, client=client, port=tunnel.port, method="CONNECT", kind="tunnel")
+
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        state = self.clients.get(data.client.id)
+        host, port = data.server.address or ("", 0)
+        normalized = _normalized(host)
+        address = state.pins.get((normalized, port)) if state and normalized else None
+        if state and state.tunnel and state.tunnel.blocked:
+            data.server.error = f"egress: tunnel refused ({state.tunnel.blocked})"
+        elif address is None:
+            # Every legitimate path pins an address before mitmproxy dials; reaching here
+            # means an unchecked destination, so refuse instead of resolving it.
+            logger.warning("refused unchecked upstream connection to port %s", port)
+            data.server.error = "egress: destination was not checked"
+        else:
+            self._dialing[data.server.id] = (host, port)
+            data.server.address = (str(address), port)
+
+    def _restore_address(self, data: server_hooks.ServerConnectionHookData) -> None:
+        # mitmproxy reuses upstream connections by comparing addresses with the requested
+        # (host, port); put the name back once the socket to the checked IP is open.
+        if (original := self._dialing.pop(data.server.id, None)) is not None:
+            data.server.address = original
+
+    server_connected = _restore_address
+    server_connect_error = _restore_address
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self.clients.pop(client.id, None)

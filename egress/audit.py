@@ -1,0 +1,55 @@
+"""One audit line per decision: JSON on stdout (or text for humans).
+
+Fields never include header values, query strings or bodies; injected headers
+are listed by name only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TextIO
+
+from egress import metrics
+from egress.policy import Decision
+
+
+class DecisionLog:
+    def __init__(self, fmt: str = "json", stream: TextIO | None = None):
+        self.fmt = fmt
+        self.stream = stream or sys.stdout
+
+    def record(
+        self,
+        decision: Decision,
+        *,
+        client: str,
+        port: int,
+        method: str,
+        injected: tuple[str, ...] = (),
+        kind: str = "request",
+    ) -> None:
+        metrics.REQUESTS.labels(decision.label, decision.reason, decision.rule).inc()
+        if injected:
+            metrics.CREDENTIAL_INJECTIONS.labels(decision.rule).inc()
+        line = {
+            "time": round(time.time(), 3),
+            "event": kind,
+            "client": client,
+            "host": decision.host,
+            "port": port,
+            "method": method,
+            "decision": decision.label,
+            "reason": decision.reason,
+            "rule": decision.rule,
+            "injected": list(injected),
+        }
+        if self.fmt == "text":
+            text = f"{line['decision']:8} {method} {decision.host}:{port} rule={decision.rule or '-'} reason={decision.reason or '-'} client={client}"
+            if injected:
+                text += f" injected={','.join(injected)}"
+        else:
+            text = json.dumps(line, separators=(",", ":"))
+        self.stream.write(text + "\n")
+        self.stream.flush()

@@ -1,0 +1,186 @@
+"""`egress-proxy`: run the proxy, or check a spec (SPEC §6).
+
+Every failure the user can cause ends in one clear line per problem and a
+non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from egress.spec import SpecError, load_spec
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9090"
+DEFAULT_CONFDIR = "~/.egress-proxy"
+# mitmproxy options whose change would break a guarantee rather than tune behaviour.
+_REFUSED_OPTIONS = {
+    "ssl_insecure": "upstream certificates are always verified before credentials are sent",
+    "mode": "use --mode",
+    "listen_host": "use --listen",
+    "listen_port": "use --listen",
+    "confdir": "use --confdir",
+    "connection_strategy": "upstream connections are opened only after the destination is checked",
+    "ignore_hosts": "passthrough is decided by the allowlist (entries without transform)",
+    "allow_hosts": "the allowlist decides which hosts are reached",
+    "upstream_cert": "not supported",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_hostport(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise UsageError(f"{flag}: expected HOST:PORT, got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        number = int(port)
+    except ValueError:
+        raise UsageError(f"{flag}: port {port!r} is not a number") from None
+    if not 0 <= number <= 65535:
+        raise UsageError(f"{flag}: port {number} is out of range")
+    return host, number
+
+
+def parse_set(values: list[str]) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--set: expected NAME=VALUE, got {item!r}")
+        if name in _REFUSED_OPTIONS:
+            raise UsageError(f"--set {name}: refused ({_REFUSED_OPTIONS[name]})")
+        options[name] = value
+    return options
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="egress-proxy", description="Egress proxy for AI-agent sandboxes.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the proxy")
+    run.add_argument("--spec", required=True, help="environment spec (JSON or YAML)")
+    run.add_argument("--listen", default=DEFAULT_LISTEN, help=f"proxy address (default {DEFAULT_LISTEN})")
+    run.add_argument(
+        "--metrics-listen", default=DEFAULT_METRICS_LISTEN, help=f"metrics/health address (default {DEFAULT_METRICS_LISTEN})"
+    )
+    run.add_argument("--mode", choices=("regular", "transparent"), default="regular")
+    run.add_argument("--confdir", default=DEFAULT_CONFDIR, help="holds the CA (mitmproxy-ca-cert.pem)")
+    run.add_argument("--upstream-ca", help="extra trust anchors (PEM) for verifying upstream servers")
+    run.add_argument("--log-format", choices=("json", "text"), default="json", help="audit log format on stdout")
+    run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
+
+    check = commands.add_parser("check", help="validate a spec; one line per problem")
+    check.add_argument("--spec", required=True)
+    return parser
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    print(f"{args.spec}: ok ({len(spec.entries)} allowlist entries, mode {spec.mode})")
+    return 0
+
+
+def _upstream_bundle(confdir: Path, extra: str) -> str:
+    """certifi's roots plus the operator's CA: adding a private CA must not drop the public ones."""
+    import certifi
+
+    try:
+        extra_pem = Path(extra).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--upstream-ca {extra}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    if "-----BEGIN CERTIFICATE-----" not in extra_pem:
+        raise UsageError(f"--upstream-ca {extra}: no PEM certificate in file")
+    bundle = confdir / "egress-upstream-ca.pem"
+    bundle.write_text(Path(certifi.where()).read_text(encoding="ascii") + "\n" + extra_pem, encoding="ascii")
+    return str(bundle)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from egress.addons.lifecycle import Readiness
+    from egress.audit import DecisionLog
+    from egress.master import build_master
+    from egress.metrics_server import serve_metrics
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    listen_host, listen_port = parse_hostport(args.listen, "--listen")
+    metrics_host, metrics_port = parse_hostport(args.metrics_listen, "--metrics-listen")
+    extra = parse_set(args.set)
+    confdir = Path(os.path.expanduser(args.confdir))
+    try:
+        confdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UsageError(f"--confdir {confdir}: cannot create ({exc.strerror})") from None
+    upstream_ca = _upstream_bundle(confdir, args.upstream_ca) if args.upstream_ca else None
+
+    readiness = Readiness()
+    try:
+        metrics_server = serve_metrics(metrics_host, metrics_port, readiness.ready.is_set)
+    except OSError as exc:
+        raise UsageError(f"--metrics-listen {args.metrics_listen}: cannot listen ({exc.strerror})") from None
+    try:
+        m = build_master(
+            spec,
+            listen_host=listen_host,
+            listen_port=listen_port,
+            mode=args.mode,
+            confdir=str(confdir),
+            upstream_ca=upstream_ca,
+            extra_options=extra,
+            log=DecisionLog(args.log_format),
+            readiness=readiness,
+        )
+    except Exception as exc:  # mitmproxy reports bad option values as exceptions
+        raise UsageError(f"--set: {exc}") from None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, m.shutdown)
+    print(
+        f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, "
+        f"{len(spec.entries)} allowlist entries (mode {spec.mode})\n"
+        f"egress-proxy: CA certificate: {confdir / 'mitmproxy-ca-cert.pem'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        await m.run()
+    finally:
+        metrics_server.shutdown()
+    # errorcheck has already printed what failed (port in use, bad certificate, ...).
+    return 1 if m.addons.get("errorcheck").logger.has_errored else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        if args.command == "check":
+            return cmd_check(args)
+        return asyncio.run(_run(args))
+    except UsageError as exc:
+        print(f"egress-proxy: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

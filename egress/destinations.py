@@ -1,0 +1,37 @@
+"""Destination checking with I/O: name verdict, resolution, address choice.
+
+The one readable sequence the security of the proxy rests on (after smokescreen's
+`safeResolve`): check the name, resolve it once, classify every address, and
+return the single address that may be dialled. Callers pin that address to the
+connection; nothing resolves the name a second time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from egress import policy
+from egress.addresses import IPAddress
+from egress.resolver import LocalAddresses, ResolveError, resolve
+from egress.spec import Spec
+
+
+class DestinationChecker:
+    def __init__(self, current_spec: Callable[[], Spec], local_addresses: LocalAddresses):
+        self._current_spec = current_spec
+        self._local = local_addresses
+
+    @property
+    def spec(self) -> Spec:
+        return self._current_spec()
+
+    async def check(self, raw_host: str, port: int) -> tuple[policy.Decision, IPAddress | None]:
+        spec = self._current_spec()
+        decision = policy.check_name(spec, raw_host)
+        if not decision.allowed:
+            return decision, None
+        try:
+            addresses = await resolve(decision.host, port)
+        except ResolveError:
+            return policy.with_reason(spec, decision, policy.RESOLVE_FAILED), None
+        return policy.pick_address(spec, decision, addresses, self._local.__contains__)

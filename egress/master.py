@@ -1,0 +1,70 @@
+"""A lean mitmproxy master: only the addons an egress proxy needs.
+
+`mitmdump` loads about 35 addons and dispatches every event to each of them;
+here the chain is mitmproxy's core, proxy server, next-layer and TLS addons plus
+ours, in the order the decisions must happen (guard before injector).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mitmproxy import master, options
+from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
+
+from egress.addons.guard import DestinationGuard
+from egress.addons.inject import CredentialInjector
+from egress.addons.lifecycle import Readiness
+from egress.audit import DecisionLog
+from egress.destinations import DestinationChecker
+from egress.resolver import LocalAddresses
+from egress.spec import Spec
+
+
+def build_master(
+    spec: Spec,
+    *,
+    listen_host: str,
+    listen_port: int,
+    mode: str,
+    confdir: str,
+    upstream_ca: str | None,
+    extra_options: dict[str, str],
+    log: DecisionLog,
+    readiness: Readiness,
+) -> master.Master:
+    opts = options.Options()
+    m = master.Master(opts, with_termlog=True)
+    checker = DestinationChecker(lambda: spec, LocalAddresses([listen_host]))
+    m.addons.add(
+        core.Core(),
+        proxyserver.Proxyserver(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        errorcheck.ErrorCheck(),
+        DestinationGuard(checker, log),
+        CredentialInjector(log),
+        readiness,
+    )
+    settings: dict[str, object] = dict(
+        listen_host=listen_host,
+        listen_port=listen_port,
+        mode=[mode],
+        confdir=confdir,
+        # Dial upstream only when a request (or passthrough tunnel) needs it, after
+        # every check has run, instead of at CONNECT time.
+        connection_strategy="lazy",
+        # Bodies above 1 MiB stream through instead of being buffered: memory stays
+        # flat whatever the sandbox downloads. Headers are still injected.
+        stream_large_bodies="1m",
+        termlog_verbosity="warn",
+    )
+    if upstream_ca:
+        settings["ssl_verify_upstream_trusted_ca"] = upstream_ca
+    opts.update(**settings)
+    opts.set(*(f"{k}={v}" for k, v in extra_options.items()))
+    return m
+
+
+def print_err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

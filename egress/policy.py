@@ -1,0 +1,133 @@
+"""Proxy decisions (SPEC §3) as pure functions over a `Spec`.
+
+The addons ask two questions, in this order, and act on the answers:
+1. `check_name`: may this requested host be reached at all (name level)?
+2. `pick_address`: of the addresses it resolved to, which one may we dial?
+Neither does I/O; resolution and local-address discovery are passed in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from egress.addresses import IPAddress, embedded_ipv4, forbidden_reason
+from egress.domains import HostError, is_loopback_name, normalize_host, parse_ip_literal
+from egress.spec import AllowlistEntry, Spec
+
+NOT_ALLOWLISTED = "not_allowlisted"
+LOOPBACK = "loopback"
+FORBIDDEN_ADDRESS = "forbidden_address"
+RESOLVE_FAILED = "resolve_failed"
+HOST_MISMATCH = "host_mismatch"
+PLAINTEXT_CREDENTIALS = "plaintext_credentials"
+PROXY_SELF = "proxy_self"
+NO_SNI = "no_sni"
+INTERNAL_ERROR = "internal_error"
+REASONS = (
+    NOT_ALLOWLISTED,
+    LOOPBACK,
+    FORBIDDEN_ADDRESS,
+    RESOLVE_FAILED,
+    HOST_MISMATCH,
+    PLAINTEXT_CREDENTIALS,
+    PROXY_SELF,
+    NO_SNI,
+    INTERNAL_ERROR,
+)
+# Report mode lets would-be blocks pass, except these: the sandbox must never reach
+# the machine it runs on or the proxy itself, not even while a policy is being trialled.
+NEVER_REPORTED = frozenset({LOOPBACK, PROXY_SELF})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Outcome for one destination. `host` is normalised (or the raw text if unparsable)."""
+
+    host: str
+    reason: str = ""  # empty when allowed
+    entry: AllowlistEntry | None = None
+    reported: bool = False  # report mode: would have been blocked, let through
+
+    @property
+    def allowed(self) -> bool:
+        return not self.reason or self.reported
+
+    @property
+    def label(self) -> str:
+        """The `decision` metric label."""
+        if not self.reason:
+            return "allowed"
+        return "reported" if self.reported else "blocked"
+
+    @property
+    def rule(self) -> str:
+        return self.entry.rule if self.entry else ""
+
+    @property
+    def transform(self):
+        return self.entry.transform if self.entry and not self.reason else {}
+
+
+def _finish(spec: Spec, host: str, reason: str, entry: AllowlistEntry | None = None) -> Decision:
+    reported = bool(reason) and spec.mode == "report" and reason not in NEVER_REPORTED
+    return Decision(host=host, reason=reason, entry=entry, reported=reported)
+
+
+def check_name(spec: Spec, raw_host: str) -> Decision:
+    """Name-level verdict: loopback names, IP literals and the allowlist."""
+    try:
+        host = normalize_host(raw_host)
+    except HostError:
+        return _finish(spec, raw_host[:255], NOT_ALLOWLISTED)
+    if is_loopback_name(host):
+        return _finish(spec, host, LOOPBACK)
+    ip = parse_ip_literal(host)
+    if ip is not None and (reason := forbidden_reason(ip, spec.allow_cidrs)) == LOOPBACK:
+        return _finish(spec, host, LOOPBACK)
+    entry = spec.allowlist.match(host)
+    if entry is None:
+        return _finish(spec, host, NOT_ALLOWLISTED)
+    return _finish(spec, host, "", entry)
+
+
+def pick_address(
+    spec: Spec,
+    decision: Decision,
+    addresses: Iterable[IPAddress],
+    is_self: Callable[[IPAddress], bool],
+) -> tuple[IPAddress | None, Decision]:
+    """First permitted address of those resolved, and the updated decision.
+
+    Every address is classified; forbidden ones are dropped rather than failing the
+    whole name, so `a.test -> [127.0.0.1, 198.18.0.10]` dials 198.18.0.10. When none
+    is left, the reason is that of the worst address seen.
+    """
+    addresses = list(addresses)
+    reasons: list[str] = []
+    for ip in addresses:
+        reason = forbidden_reason(ip, spec.allow_cidrs)
+        if reason != LOOPBACK and any(is_self(a) for a in (ip, *embedded_ipv4(ip))):
+            reason = PROXY_SELF
+        if reason is None:
+            return ip, decision
+        reasons.append(reason)
+    if not reasons:
+        return None, _finish(spec, decision.host, RESOLVE_FAILED, decision.entry)
+    worst = next(r for r in (LOOPBACK, PROXY_SELF, FORBIDDEN_ADDRESS) if r in reasons)
+    blocked = _finish(spec, decision.host, worst, decision.entry)
+    if blocked.reported:
+        # Report mode dials the first address that is merely "forbidden".
+        first = next(ip for ip, r in zip(addresses, reasons) if r == FORBIDDEN_ADDRESS)
+        return first, blocked
+    return None, blocked
+
+
+def with_reason(spec: Spec, decision: Decision, reason: str) -> Decision:
+    """A later check (host mismatch, plaintext credentials) blocks an allowed decision."""
+    return _finish(spec, decision.host, reason, decision.entry)
+
+
+def deny_body(reason: str, host: str) -> bytes:
+    return json.dumps({"error": "egress_denied", "reason": reason, "host": host}).encode()
