@@ -1,0 +1,7 @@
+"""`python -m egress.hooks` = `egress-hooks`."""
+
+import sys
+
+from egress.hooks.cli import main
+
+sys.exit(main())
