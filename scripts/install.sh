@@ -14,7 +14,7 @@ fi
 pip=(.venv/bin/python -m pip --isolated --disable-pip-version-check -q)
 "${pip[@]}" install "setuptools==84.2.1" "wheel==0.48.0" "build==1.6.1"
 rm -rf dist build
-.venv/bin/python -m build --wheel --no-isolation --outdir dist . >/dev/null
+.venv/bin/python -m build --wheel --no-isolation --outdir dist . >/dev/null 2>&1 || .venv/bin/python -m build --wheel --no-isolation --outdir dist .
 wheel=$(ls dist/egress_proxy-*.whl)
 if [ "${1:-}" = "--test" ]; then
   "${pip[@]}" install --force-reinstall --no-deps "$wheel"
