@@ -34,4 +34,5 @@ class DestinationChecker:
             addresses = await resolve(decision.host, port)
         except ResolveError:
             return policy.with_reason(spec, decision, policy.RESOLVE_FAILED), None
-        return policy.pick_address(spec, decision, addresses, self._local.__contains__)
+        address, decision = policy.pick_address(spec, decision, addresses, self._local.__contains__)
+        return decision, address
