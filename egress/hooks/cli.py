@@ -141,7 +141,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         settings = DispatchSettings(cwd=args.workspace, proxy=args.proxy, ca_file=args.ca_file, record_metrics=False)
         decision = asyncio.run(dispatch(config, args.event, event, settings))
         decision_json = decision.as_json()
-    sys.stdout.write(json.dumps(decision_json, ensure_ascii=False) + "\n")
+    # Bytes, not text: the reason must reach the runtime as UTF-8 whatever the locale.
+    sys.stdout.buffer.write(json.dumps(decision_json, ensure_ascii=False).encode("utf-8") + b"\n")
     sys.stdout.flush()
     return EXIT_OK
 

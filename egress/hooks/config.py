@@ -276,7 +276,7 @@ class _Parser:
         if url_problem is not None:
             self.problem(f"{where}.url", f"{url_problem}; skipped")
             return None
-        headers = self.parse_headers(f"{where}.headers", body.get("headers", {}))
+        headers = self.parse_headers(f"{where}.headers", body["headers"]) if "headers" in body else ()
         return HttpHandler(index=index, url=url, headers=headers, timeout=timeout)
 
     def parse_timeout(self, where: str, body: dict) -> float:

@@ -85,7 +85,7 @@ async def dispatch(
         for handler in rule.handlers:
             if payload is None:
                 # Serialised once, and only when something will read it.
-                payload = json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+                payload = _serialise(event)
             outcome, duration_ms = await _run_handler(handler, event_name, group.name, payload, settings)
             if settings.record_metrics:
                 _record(event_name, handler.type, outcome.outcome)
@@ -94,6 +94,15 @@ async def dispatch(
             if outcome.denied and event_name == PRE_TOOL_EXECUTION:
                 return Decision(event_name, denied=True, reason=outcome.deny_reason)
     return Decision(event_name)
+
+
+def _serialise(event: Mapping[str, Any]) -> bytes:
+    try:
+        return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (JSON allows "\ud800") has no UTF-8 form; escaped
+        # output is plain ASCII and still the same JSON value.
+        return json.dumps(event, separators=(",", ":")).encode("ascii")
 
 
 def _tool_name(event: Mapping[str, Any]) -> str:

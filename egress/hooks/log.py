@@ -16,7 +16,9 @@ LogSink = Callable[[dict[str, Any]], None]
 
 def log_to_stderr(record: dict[str, Any]) -> None:
     try:
-        sys.stderr.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        # ASCII-only JSON: the line survives any stderr encoding and any
+        # log shipper; non-ASCII text stays readable once parsed.
+        sys.stderr.write(json.dumps(record, default=str) + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         # A closed stderr must not turn a hook failure into a dispatcher crash.

@@ -17,8 +17,9 @@ PYTHON = shlex.quote(sys.executable)
 SOURCE_ROOT = str(Path(egress.__file__).resolve().parent.parent)
 
 
-def egress_hooks(*args: str, stdin: bytes = b"", cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))}
+def egress_hooks(*args: str, stdin: bytes = b"", cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    pythonpath = os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "egress.hooks", *args], input=stdin, capture_output=True, cwd=cwd, env=env, timeout=30
     )
@@ -121,6 +122,19 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, args, stdin, message):
     assert result.stdout == b""
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), lines
+
+
+def test_non_ascii_command_and_reason_under_an_ascii_locale(tmp_path):
+    reason = "caf\u00e9 \u00fc"
+    decision = json.dumps({"decision": "deny", "reason": reason}, ensure_ascii=False)
+    document = {"g": {"pre_tool_execution": [{"matcher": "*", "hooks": [{"type": "command", "command": f"echo '{decision}'"}]}]}}
+    workspace = write_workspace(tmp_path, document)
+    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "ascii"}
+    result = egress_hooks(
+        "dispatch", "pre_tool_execution", "--workspace", str(workspace), stdin=b'{"tool_call": {"name": "x"}}', env=ascii_locale
+    )
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert json.loads(result.stdout.decode("utf-8")) == {"decision": "deny", "reason": reason}
 
 
 def test_check_ok(tmp_path):

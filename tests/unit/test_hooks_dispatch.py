@@ -158,6 +158,14 @@ def test_hook_receives_the_event_on_stdin_and_runs_in_the_workspace(tmp_path):
     assert (tmp_path / "cwd.txt").read_text().strip() == str(tmp_path)
 
 
+def test_event_with_a_lone_surrogate_still_reaches_the_hook_as_json(tmp_path):
+    seen = tmp_path / "seen.json"
+    document = {"g": {"pre_tool_execution": [{"matcher": "*", "hooks": [command(f"cat > {seen}")]}]}}
+    event = event_for("write_file", path="/x", content="half \ud800 pair")
+    run_dispatch(document, PRE, event)
+    assert json.loads(seen.read_bytes().decode("ascii")) == event
+
+
 def sample(event: str, handler_type: str, outcome: str) -> float:
     value = REGISTRY.get_sample_value(
         "egress_hook_runs_total", {"event": event, "type": handler_type, "outcome": outcome}

@@ -79,7 +79,8 @@ async def run_command(
         process = await asyncio.create_subprocess_exec(
             SHELL,
             "-c",
-            command,
+            # hooks.json is UTF-8; passing bytes keeps it so under any locale.
+            command.encode("utf-8", "surrogateescape"),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
