@@ -178,6 +178,18 @@ def test_hook_ignoring_sigterm_is_killed(tmp_path):
     assert live_group_members(int(pid_file.read_text())) == []
 
 
+def test_cancelled_dispatch_leaves_no_process(tmp_path):
+    pid_file = tmp_path / "pgid"
+    document = {"gate": {PRE: [{"matcher": "*", "hooks": [{"type": "command", "command": f"echo $$ > {pid_file}; sleep 60 & sleep 60"}]}]}}
+    coro = dispatch(parse_config(json.dumps(document)), PRE, event_for("read_file"), DispatchSettings(record_metrics=False))
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(coro, 0.5))
+    deadline = time.monotonic() + 2
+    while live_group_members(int(pid_file.read_text())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_group_members(int(pid_file.read_text())) == []
+
+
 def test_process_that_left_the_group_cannot_hold_the_dispatcher(tmp_path):
     pid_file = tmp_path / "escaped"
     # setsid puts the sleeper in a session of its own, out of reach of the

@@ -98,13 +98,18 @@ async def run_command(
     # Done means: the shell exited *and* both pipes reached EOF, i.e. no
     # descendant can still add to the decision.
     finished = asyncio.gather(process.wait(), *readers)
-    timed_out = False
+    timed_out = completed = False
     try:
         await asyncio.wait_for(asyncio.shield(finished), timeout)
+        completed = True
     except TimeoutError:
         timed_out = True
         await _stop_group(process, finished)
     finally:
+        if not completed:
+            # Also reached when the caller cancels us: nobody will read this
+            # hook's answer any more, so none of its processes may outlive it.
+            _signal_group(process, signal.SIGKILL)
         writer.cancel()
         if not finished.done():
             # Bounded drain ran out (a process left the group and holds a
