@@ -30,8 +30,8 @@ from pathlib import Path
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(SOURCE_ROOT))
 
-from egress.hooks.config import parse_config  # noqa: E402
-from egress.hooks.dispatcher import DispatchSettings, dispatch  # noqa: E402
+from egress.hooks.config import parse_config
+from egress.hooks.dispatcher import DispatchSettings, dispatch
 
 HOOK_COMMAND = "echo '{\"decision\":\"allow\"}'"
 EVENT = {"tool_call": {"name": "code_execution", "args": {"code": "ls", "language": "bash"}}, "environment_id": "env_bench"}

@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 from egress.hooks import EVENTS, PRE_TOOL_EXECUTION
 

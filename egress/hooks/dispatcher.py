@@ -14,13 +14,21 @@ each fail-open is logged as one JSON line.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from egress.hooks import EVENTS, PRE_TOOL_EXECUTION
-from egress.hooks.config import CommandHandler, Handler, HooksConfig, HttpHandler, discover_config, load_config
+from egress.hooks.config import (
+    CommandHandler,
+    Handler,
+    HooksConfig,
+    HttpHandler,
+    discover_config,
+    load_config,
+)
 from egress.hooks.decisions import ERROR, HandlerOutcome, judge_command, judge_http
 from egress.hooks.log import LogSink, log_to_stderr
 
@@ -109,7 +117,7 @@ def _tool_name(event: Mapping[str, Any]) -> str:
     tool_call = event.get("tool_call")
     name = tool_call.get("name") if isinstance(tool_call, Mapping) else None
     if not isinstance(name, str):
-        raise ValueError("event has no tool_call.name string")
+        raise ValueError("event has no tool_call.name string")  # noqa: TRY004 - bad input value, whatever its type
     return name
 
 

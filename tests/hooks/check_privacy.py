@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 # The seed page's privacy gate (check_privacy.py): deny reads under /private/.
-import sys, json
+import json
+import sys
+
 data = json.load(sys.stdin)
 path = str(data.get("tool_call", {}).get("args", {}).get("path", ""))
 

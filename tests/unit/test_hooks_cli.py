@@ -21,7 +21,7 @@ def egress_hooks(*args: str, stdin: bytes = b"", cwd: Path | None = None, env: d
     pythonpath = os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "egress.hooks", *args], input=stdin, capture_output=True, cwd=cwd, env=env, timeout=30
+        [sys.executable, "-m", "egress.hooks", *args], input=stdin, capture_output=True, cwd=cwd, env=env, timeout=30, check=False
     )
 
 
@@ -186,6 +186,7 @@ def test_cli_does_not_import_httpx_or_prometheus_for_command_hooks(tmp_path):
         capture_output=True,
         env=env,
         timeout=30,
+        check=False,
     )
     assert json.loads(result.stdout)["decision"] == "deny"
     assert result.stderr.decode().strip() == "[]"

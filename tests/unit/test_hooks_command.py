@@ -172,7 +172,7 @@ def test_hook_ignoring_sigterm_is_killed(tmp_path):
     pid_file = tmp_path / "pgid"
     cmd = f"echo $$ > {pid_file}; trap '' TERM; sh -c \"trap '' TERM; sleep 60\" & sleep 60; wait"
     started = time.monotonic()
-    decision, logs = run_dispatch(cmd, timeout=1)
+    _, logs = run_dispatch(cmd, timeout=1)
     assert time.monotonic() - started < 2
     assert logs[0]["outcome"] == "timeout" and logs[0]["exit_code"] == -signal.SIGKILL
     assert live_group_members(int(pid_file.read_text())) == []

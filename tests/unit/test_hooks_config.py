@@ -82,8 +82,10 @@ def test_duplicate_group_names_are_detected_and_both_kept():
     text = '{"gate": {"pre_tool_execution": []}, "other": {}, "gate": {"enabled": false}}'
     config, problems = parse(text)
     assert problems == [
-        'group "gate": duplicate group name (a JSON parser would silently keep only the last one); '
-        "every copy is run, in file order"
+        (
+            'group "gate": duplicate group name (a JSON parser would silently keep only the last one); '
+            "every copy is run, in file order"
+        )
     ]
     assert [(g.name, g.enabled) for g in config.groups] == [("gate", True), ("other", True), ("gate", False)]
 
@@ -126,8 +128,10 @@ def test_fractional_timeout_is_allowed():
 def test_invalid_matcher_is_reported_and_matches_nothing():
     config, problems = parse({"g": {"pre_tool_execution": [{"matcher": "*_file", "hooks": []}]}})
     assert problems == [
-        'group "g": pre_tool_execution[0].matcher: "*_file" is an invalid RE2 pattern: '
-        "no argument for repetition operator: *; the rule matches nothing"
+        (
+            'group "g": pre_tool_execution[0].matcher: "*_file" is an invalid RE2 pattern: '
+            "no argument for repetition operator: *; the rule matches nothing"
+        )
     ]
     assert list(config.matching_rules("pre_tool_execution", "read_file")) == []
 

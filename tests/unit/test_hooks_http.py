@@ -204,7 +204,7 @@ def test_proxy_from_environment_is_used_and_no_proxy_honoured(proxy, server, rec
 @pytest.fixture(scope="module")
 def tls_material(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tls")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress-hooks test CA")])
     ca_cert = (

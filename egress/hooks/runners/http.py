@@ -73,26 +73,26 @@ async def _post(
     request_headers.setdefault("User-Agent", USER_AGENT)
     # Compressed bodies could expand far past the cap inside a single chunk.
     request_headers["Accept-Encoding"] = "identity"
-    async with httpx.AsyncClient(
+    client = httpx.AsyncClient(
         follow_redirects=False,
         trust_env=True,  # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, SSL_CERT_FILE / SSL_CERT_DIR
         proxy=proxy,
         verify=_ssl_context(ca_file) if ca_file else True,
         timeout=httpx.Timeout(timeout),
-    ) as client:
-        async with client.stream("POST", url, content=body, headers=request_headers) as response:
-            received = bytearray()
-            truncated = False
-            async for chunk in response.aiter_bytes():
-                room = MAX_OUTPUT_BYTES - len(received)
-                if len(chunk) > room:
-                    # Unlike a pipe, nobody blocks if we stop reading: leaving
-                    # the block closes the connection.
-                    received += chunk[:room]
-                    truncated = True
-                    break
-                received += chunk
-            return response.status_code, bytes(received), truncated
+    )
+    async with client, client.stream("POST", url, content=body, headers=request_headers) as response:
+        received = bytearray()
+        truncated = False
+        async for chunk in response.aiter_bytes():
+            room = MAX_OUTPUT_BYTES - len(received)
+            if len(chunk) > room:
+                # Unlike a pipe, nobody blocks if we stop reading: leaving
+                # the block closes the connection.
+                received += chunk[:room]
+                truncated = True
+                break
+            received += chunk
+    return response.status_code, bytes(received), truncated
 
 
 def _ssl_context(ca_file: str) -> ssl.SSLContext:
