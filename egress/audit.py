@@ -33,8 +33,9 @@ class DecisionLog:
         metrics.REQUESTS.labels(decision.label, decision.reason, decision.rule).inc()
         if injected:
             metrics.CREDENTIAL_INJECTIONS.labels(decision.rule).inc()
+        now = time.time()
         line = {
-            "time": round(time.time(), 3),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
             "event": kind,
             "client": client,
             "host": decision.host,

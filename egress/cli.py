@@ -77,6 +77,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--confdir", default=DEFAULT_CONFDIR, help="holds the CA (mitmproxy-ca-cert.pem)")
     run.add_argument("--upstream-ca", help="extra trust anchors (PEM) for verifying upstream servers")
     run.add_argument("--log-format", choices=("json", "text"), default="json", help="audit log format on stdout")
+    run.add_argument(
+        "--report-only", action="store_true", help="like `network.mode: report`: log and count would-be blocks, let them pass"
+    )
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
 
     check = commands.add_parser("check", help="validate a spec; one line per problem")
@@ -114,10 +117,12 @@ async def _run(args: argparse.Namespace) -> int:
     from egress.addons.lifecycle import Readiness
     from egress.audit import DecisionLog
     from egress.master import build_master
+    from egress import metrics
     from egress.metrics_server import serve_metrics
+    from egress.reload import SpecHolder
 
     try:
-        spec = load_spec(args.spec)
+        holder = SpecHolder(args.spec, report_only=args.report_only)
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -139,7 +144,7 @@ async def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--metrics-listen {args.metrics_listen}: cannot listen ({exc.strerror})") from None
     try:
         m = build_master(
-            spec,
+            holder,
             listen_host=listen_host,
             listen_port=listen_port,
             mode=args.mode,
@@ -154,6 +159,9 @@ async def _run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, m.shutdown)
+    loop.add_signal_handler(signal.SIGHUP, holder.reload, "sighup")
+    metrics.set_build_info()
+    spec = holder.spec
     print(
         f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, "
         f"{len(spec.entries)} allowlist entries (mode {spec.mode})\n"

@@ -15,14 +15,16 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from egress.addons.guard import DestinationGuard
 from egress.addons.inject import CredentialInjector
 from egress.addons.lifecycle import Readiness
+from egress.addons.observe import Timings
+from egress.addons.reloader import SpecReloader
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
+from egress.reload import SpecHolder
 from egress.resolver import LocalAddresses
-from egress.spec import Spec
 
 
 def build_master(
-    spec: Spec,
+    holder: SpecHolder,
     *,
     listen_host: str,
     listen_port: int,
@@ -35,7 +37,7 @@ def build_master(
 ) -> master.Master:
     opts = options.Options()
     m = master.Master(opts, with_termlog=True)
-    checker = DestinationChecker(lambda: spec, LocalAddresses([listen_host]))
+    checker = DestinationChecker(lambda: holder.spec, LocalAddresses([listen_host]))
     m.addons.add(
         core.Core(),
         proxyserver.Proxyserver(),
@@ -44,6 +46,8 @@ def build_master(
         errorcheck.ErrorCheck(),
         DestinationGuard(checker, log),
         CredentialInjector(log),
+        Timings(),
+        SpecReloader(holder),
         readiness,
     )
     settings: dict[str, object] = dict(

@@ -1,10 +1,24 @@
-"""Prometheus metrics (SPEC §6). Labels carry reason codes and configured rule
-patterns only, never the requested host: the sandbox must not be able to create
-unbounded label values."""
+"""Prometheus metrics (SPEC §6 and the operations issue).
+
+Labels carry reason codes, decision names and configured rule patterns only,
+never the requested host or anything else the sandbox chooses: a sandbox must
+not be able to create unbounded label values.
+
+What is counted once: every request the proxy sees (plain HTTP and requests
+inside intercepted TLS), every CONNECT it refuses, and every passthrough
+tunnel (once, when its ClientHello is accepted or refused).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+import platform
+
+from prometheus_client import Counter, Gauge, Histogram, Info, disable_created_metrics
+
+from egress import __version__
+
+# `*_created` series double the exposition and answer no operator's question.
+disable_created_metrics()
 
 REQUESTS = Counter(
     "egress_requests",
@@ -16,3 +30,46 @@ CREDENTIAL_INJECTIONS = Counter(
     "Requests that had an allowlist entry's transform applied.",
     ["rule"],
 )
+REQUEST_DURATION = Histogram(
+    "egress_request_duration_seconds",
+    "Time from request headers received to response complete, for requests the proxy sees.",
+    ["decision"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+UPSTREAM_CONNECT = Histogram(
+    "egress_upstream_connect_seconds",
+    "TCP connect time to the checked upstream address.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+CONFIG_RELOADS = Counter(
+    "egress_config_reloads",
+    "Spec reloads (file change or SIGHUP) by result.",
+    ["result"],
+)
+CONFIG_LAST_SUCCESS = Gauge(
+    "egress_config_last_reload_success_timestamp_seconds",
+    "Unix time of the last successful spec load.",
+)
+ALLOWLIST_ENTRIES = Gauge(
+    "egress_allowlist_entries",
+    "Entries in the allowlist in force.",
+)
+BUILD = Info("egress_build", "Versions this proxy was built from.")
+
+
+def set_build_info() -> None:
+    import mitmproxy.version
+
+    BUILD.info(
+        {
+            "version": __version__,
+            "mitmproxy_version": mitmproxy.version.VERSION,
+            "python_version": platform.python_version(),
+        }
+    )
+
+
+def init_labels() -> None:
+    """Create the result series up front so `rate()` sees them from the first scrape."""
+    for result in ("success", "failure"):
+        CONFIG_RELOADS.labels(result)

@@ -120,7 +120,8 @@ def pick_address(
     if blocked.reported:
         # Report mode dials the first address that is merely "forbidden".
         first = next(ip for ip, r in zip(addresses, reasons) if r == FORBIDDEN_ADDRESS)
-        return first, blocked
+        # A name already reported (not allowlisted) keeps that first reason.
+        return first, decision if decision.reported else blocked
     return None, blocked
 
 

@@ -55,8 +55,19 @@ def _read_file(path: str) -> str:
         raise SecretReferenceError(f"${{file:{path}}}: not UTF-8 text") from None
     except OSError as exc:
         raise SecretReferenceError(f"${{file:{path}}}: cannot read ({exc.strerror})") from None
+    except ValueError:  # NUL byte or lone surrogate: no such path can exist
+        raise SecretReferenceError(f"${{file:{path}}}: not a valid path") from None
     # Secret files written by `echo` or editors end in a newline that is not part of the token.
     return text.removesuffix("\n").removesuffix("\r")
+
+
+def referenced_files(value: str) -> list[str]:
+    """Paths of the `${file:}` references in `value` (to watch them for rotation)."""
+    return [
+        m.group("body")[len("file:") :]
+        for m in _TOKEN.finditer(value)
+        if m.group("body") and m.group("body").startswith("file:")
+    ]
 
 
 def expand(value: str, environ: Mapping[str, str] | None = None) -> Secret:
@@ -76,9 +87,10 @@ def expand(value: str, environ: Mapping[str, str] | None = None) -> Secret:
             raise SecretReferenceError("unterminated '${' (write '$${' for a literal '${')")
         kind, _, arg = body.partition(":")
         if kind == "env" and arg:
-            if arg not in env:
-                raise SecretReferenceError(f"${{env:{arg}}}: environment variable {arg} is not set")
-            out.append(env[arg])
+            try:
+                out.append(env[arg])
+            except (KeyError, ValueError):  # os.environ raises ValueError for unencodable names
+                raise SecretReferenceError(f"${{env:{arg}}}: environment variable {arg} is not set") from None
         elif kind == "file" and arg:
             out.append(_read_file(arg))
         else:

@@ -66,6 +66,8 @@ class Spec:
     mode: str = "enforce"
     allow_cidrs: tuple[IPNetwork, ...] = ()
     entries: tuple[AllowlistEntry, ...] = ()
+    # Files the spec's `${file:}` references read: a change to one is a change to the spec.
+    secret_files: tuple[str, ...] = ()
 
     @property
     def has_transforms(self) -> bool:
@@ -89,12 +91,26 @@ def parse_spec(text: str, source: str = "<spec>", environ: dict[str, str] | None
     problems: list[str] = []
     spec = _build(data, problems, environ)
     if problems:
-        raise SpecError([f"{source}: {p}" for p in problems])
+        raise SpecError([_one_line(f"{source}: {p}") for p in problems])
     assert spec is not None
     return spec
 
 
+def _one_line(problem: str) -> str:
+    # Field names and references are echoed as written; a CR/LF in them must not
+    # split one problem over several lines of `check` output.
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in problem)
+
+
 def _parse_document(text: str, source: str) -> Any:
+    try:
+        return _parse_syntax(text, source)
+    except RecursionError:
+        # Both parsers recurse per nesting level; a few thousand `[` exhaust the stack.
+        raise SpecError([f"{source}: document nested too deeply"]) from None
+
+
+def _parse_syntax(text: str, source: str) -> Any:
     if source.endswith(".json"):
         try:
             return json.loads(text)
@@ -143,6 +159,16 @@ def _build(data: Any, problems: list[str], environ: dict[str, str] | None) -> Sp
 
     allowlist: Allowlist[AllowlistEntry] = Allowlist()
     entries: list[AllowlistEntry] = []
+    secret_files = sorted(
+        {
+            path
+            for raw in raw_entries
+            if isinstance(raw, dict) and isinstance(raw.get("transform"), dict)
+            for value in raw["transform"].values()
+            if isinstance(value, str)
+            for path in secrets.referenced_files(value)
+        }
+    )
     seen: dict[tuple[str, str], int] = {}
     for index, raw in enumerate(raw_entries):
         entry = _parse_entry(raw, f"{where}.allowlist[{index}]", problems, environ)
@@ -159,7 +185,13 @@ def _build(data: Any, problems: list[str], environ: dict[str, str] | None) -> Sp
         entries.append(entry)
     if problems:
         return None
-    return Spec(allowlist=allowlist, mode=mode, allow_cidrs=tuple(allow_cidrs), entries=tuple(entries))
+    return Spec(
+        allowlist=allowlist,
+        mode=mode,
+        allow_cidrs=tuple(allow_cidrs),
+        entries=tuple(entries),
+        secret_files=tuple(secret_files),
+    )
 
 
 def _parse_cidrs(raw: Any, where: str, problems: list[str]) -> list[IPNetwork]:

@@ -249,11 +249,18 @@ class Lab:
         return [json.loads(line) for line in self.upstream_log.read_text().splitlines() if line]
 
     def start_proxy(
-        self, spec_text: str, *extra: str, env: dict | None = None, name: str = "spec.yaml", upstream_ca: bool = True
+        self,
+        spec_text: str | None,
+        *extra: str,
+        env: dict | None = None,
+        name: str = "spec.yaml",
+        upstream_ca: bool = True,
+        spec_path: Path | None = None,
     ) -> "ProxyProcess":
+        """Start a proxy on `spec_text` (written to its own dir), or on an existing `spec_path`."""
         if upstream_ca:
             extra = ("--upstream-ca", str(self.upstream_ca), *extra)
-        proxy = ProxyProcess(self, spec_text, list(extra), env=env, name=name)
+        proxy = ProxyProcess(self, spec_text, list(extra), env=env, name=name, spec_path=spec_path)
         proxy.start()
         self._procs.append(proxy.proc)
         return proxy
@@ -286,14 +293,17 @@ def _terminate(proc: subprocess.Popen) -> None:
 class ProxyProcess:
     """A real `egress-proxy run` inside the proxy namespace."""
 
-    def __init__(self, lab: Lab, spec_text: str, extra: list[str], env: dict | None, name: str):
+    def __init__(
+        self, lab: Lab, spec_text: str | None, extra: list[str], env: dict | None, name: str, spec_path: Path | None = None
+    ):
         self.lab = lab
         self.port = lab.free_port()
         self.metrics_port = lab.free_port()
         self.dir = lab.dir / f"proxy-{self.port}"
         self.dir.mkdir()
-        self.spec_path = self.dir / name
-        self.spec_path.write_text(spec_text)
+        self.spec_path = spec_path or self.dir / name
+        if spec_path is None:
+            self.spec_path.write_text(spec_text)
         self.confdir = self.dir / "conf"
         self.extra = extra
         self.env = {**os.environ, **(env or {})}

@@ -8,10 +8,10 @@ import json
 import socket
 import ssl
 
-import httpx
 import pytest
 import requests
 
+from e2e.clients import assert_denied, curl, httpx_client, upstream_hits
 from e2e.lab import CANARY_PORT, HOSTS, Lab, in_netns, raw_request
 
 SECRET = "canary-secret-7f3a9c"  # must reach api.example.test only, and never a log
@@ -65,49 +65,6 @@ def star(lab: Lab):
 def assert_no_secret_leaked(proxy) -> None:
     outputs = proxy.stdout() + proxy.stderr() + proxy.get_ops("/metrics")[1]
     assert SECRET not in outputs and FILE_SECRET not in outputs
-
-
-def client_ca_bundle(lab: Lab, proxy) -> str:
-    """What a sandbox trusts: the proxy's CA (intercepted hosts) and the upstreams' (passthrough)."""
-    bundle = proxy.dir / "client-ca.pem"
-    if not bundle.exists():
-        bundle.write_text(proxy.ca.read_text() + lab.upstream_ca.read_text())
-    return str(bundle)
-
-
-def curl(lab: Lab, proxy, url: str, *args: str) -> tuple[int, dict, str]:
-    """Real curl through the proxy; returns (status, headers, body); status 0 when no response."""
-    head_file, body_file = proxy.dir / "curl.head", proxy.dir / "curl.body"
-    head_file.unlink(missing_ok=True)
-    body_file.unlink(missing_ok=True)
-    out = lab.exec(
-        "curl", "-sS", "--max-time", "10", "-x", proxy.url, "--cacert", client_ca_bundle(lab, proxy),
-        "-D", str(head_file), "-o", str(body_file), url, *args,
-        env={"PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    if not head_file.exists() or not head_file.read_bytes().strip():
-        return 0, {}, out.stderr
-    # With CONNECT, curl records the proxy's answer first; keep the last response.
-    head = [b for b in head_file.read_bytes().decode().split("\r\n\r\n") if b.startswith("HTTP/")][-1]
-    status = int(head.split()[1])
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head.split("\r\n")[1:])}
-    return status, headers, body_file.read_text() if body_file.exists() else ""
-
-
-def httpx_client(lab: Lab, proxy) -> httpx.Client:
-    # Explicit CA: the machine's REQUESTS_CA_BUNDLE etc. must not decide what is trusted.
-    ctx = ssl.create_default_context(cafile=str(proxy.ca))
-    return httpx.Client(proxy=proxy.url, verify=ctx, trust_env=False, timeout=10)
-
-
-def assert_denied(status: int, headers: dict, body: str, reason: str, host: str) -> None:
-    assert status == 403, (status, body)
-    assert headers.get("x-egress-denied") == reason
-    assert json.loads(body) == {"error": "egress_denied", "reason": reason, "host": host}
-
-
-def upstream_hits(lab: Lab, address: str) -> list[dict]:
-    return [r for r in lab.upstream_requests() if r["local"] == address]
 
 
 # -- allowlist ----------------------------------------------------------------------
@@ -227,7 +184,7 @@ def test_forbidden_addresses(lab, star, strict, host):
 def test_name_with_forbidden_and_permitted_address(lab, strict):
     """mixed.test -> [127.0.0.1, 198.18.0.18]: the loopback address is dropped, not dialled."""
     before = len(lab.canary.hits)
-    status, _, body = curl(lab, strict, f"http://mixed.test:80/")
+    status, _, body = curl(lab, strict, "http://mixed.test:80/")
     assert status == 200 and json.loads(body)["local"] == HOSTS["mixed.test"]
     assert len(lab.canary.hits) == before
 
