@@ -1,0 +1,311 @@
+{{/*
+Names, labels and the pieces shared by the gateway Deployment and the sidecar
+templates. Every helper takes the chart's root context (`.`), or the subchart's
+context (`index .Subcharts "egress-proxy"`) when called from a parent chart.
+*/}}
+
+{{- define "egress-proxy.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "egress-proxy.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "egress-proxy.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "egress-proxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "egress-proxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "egress-proxy.labels" -}}
+helm.sh/chart: {{ include "egress-proxy.chart" . }}
+{{ include "egress-proxy.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "egress-proxy.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "egress-proxy.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "egress-proxy.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "egress-proxy.specConfigMapName" -}}
+{{- default (printf "%s-spec" (include "egress-proxy.fullname" .)) .Values.existingSpecConfigMap.name }}
+{{- end }}
+
+{{- define "egress-proxy.specKey" -}}
+{{- if .Values.existingSpecConfigMap.name }}{{ .Values.existingSpecConfigMap.key }}{{ else }}spec.yaml{{ end }}
+{{- end }}
+
+{{- define "egress-proxy.caSecretName" -}}
+{{- default (printf "%s-ca" (include "egress-proxy.fullname" .)) .Values.ca.secretName }}
+{{- end }}
+
+{{- define "egress-proxy.caConfigMapName" -}}
+{{- printf "%s-ca-cert" (include "egress-proxy.fullname" .) }}
+{{- end }}
+
+{{/* Paths inside the proxy containers. */}}
+{{- define "egress-proxy.paths" -}}
+spec: /etc/egress-proxy/spec
+ca: /etc/egress-proxy/ca
+upstreamCA: /etc/egress-proxy/upstream-ca
+confdir: /var/lib/egress-proxy
+{{- end }}
+
+{{/*
+`egress-proxy run` arguments. The spec is read from the mounted ConfigMap
+*directory* (never a subPath mount), so kubelet's symlink swap on a ConfigMap
+update reaches the proxy, which reloads it without a restart.
+Call with (dict "root" $ "mode" "regular"|"transparent").
+*/}}
+{{- define "egress-proxy.runArgs" -}}
+{{- $root := .root }}
+{{- $p := include "egress-proxy.paths" $root | fromYaml }}
+{{- $v := $root.Values -}}
+- run
+- --spec
+- {{ printf "%s/%s" $p.spec (include "egress-proxy.specKey" $root) }}
+- --mode
+- {{ .mode }}
+- --listen
+- {{ printf "0.0.0.0:%d" (int $v.proxy.port) | quote }}
+- --metrics-listen
+- {{ printf "0.0.0.0:%d" (int $v.proxy.metricsPort) | quote }}
+- --confdir
+- {{ $p.confdir }}
+- --log-format
+- {{ $v.proxy.logFormat }}
+{{- if $v.proxy.reportOnly }}
+- --report-only
+{{- end }}
+{{- if $v.proxy.upstreamCA.secretName }}
+- --upstream-ca
+- {{ printf "%s/%s" $p.upstreamCA $v.proxy.upstreamCA.key }}
+{{- end }}
+{{- range $name, $value := $v.proxy.set }}
+- --set
+- {{ printf "%s=%v" $name $value | quote }}
+{{- end }}
+{{- range $v.proxy.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Copies the CA from its Secret into the writable confdir the way mitmproxy wants
+it: key and certificate in one file (mitmproxy-ca.pem), certificate alone in
+mitmproxy-ca-cert.pem. mitmproxy also writes its dhparam file there.
+*/}}
+{{- define "egress-proxy.prepareCAContainer" -}}
+{{- $root := .root }}
+{{- $p := include "egress-proxy.paths" $root | fromYaml -}}
+- name: prepare-ca
+  image: {{ include "egress-proxy.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command: ["/bin/sh", "-ec"]
+  args:
+    - >-
+      umask 077;
+      cat {{ $p.ca }}/tls.key {{ $p.ca }}/tls.crt > {{ $p.confdir }}/mitmproxy-ca.pem;
+      cp {{ $p.ca }}/tls.crt {{ $p.confdir }}/mitmproxy-ca-cert.pem
+  securityContext:
+    {{- toYaml .securityContext | nindent 4 }}
+  resources:
+    {{- toYaml $root.Values.sidecar.initResources | nindent 4 }}
+  volumeMounts:
+    - name: ca
+      mountPath: {{ $p.ca }}
+      readOnly: true
+    - name: confdir
+      mountPath: {{ $p.confdir }}
+{{- end }}
+
+{{/* Volume mounts of the proxy container. */}}
+{{- define "egress-proxy.proxyVolumeMounts" -}}
+{{- $p := include "egress-proxy.paths" . | fromYaml -}}
+- name: spec
+  mountPath: {{ $p.spec }}
+  readOnly: true
+- name: confdir
+  mountPath: {{ $p.confdir }}
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.proxy.upstreamCA.secretName }}
+- name: upstream-ca
+  mountPath: {{ $p.upstreamCA }}
+  readOnly: true
+{{- end }}
+{{- range .Values.transformSecrets }}
+- name: {{ printf "secret-%s" .name | trunc 63 | trimSuffix "-" }}
+  mountPath: {{ printf "%s/%s" $.Values.transformSecretsMountPath .name }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+Pod volumes for the proxy (spec, CA, confdir, transform secrets). Call with
+(dict "root" $ "secretMode" N): 0440 where the pod's fsGroup is the proxy's group
+(gateway), 0444 where the pod is the user's (sidecar; only the proxy containers
+mount these volumes, so the sandbox container still cannot read them).
+*/}}
+{{- define "egress-proxy.volumes" -}}
+{{- $mode := .secretMode }}
+{{- with .root -}}
+- name: spec
+  configMap:
+    name: {{ include "egress-proxy.specConfigMapName" . }}
+- name: ca
+  secret:
+    secretName: {{ include "egress-proxy.caSecretName" . }}
+    defaultMode: {{ $mode }}
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+- name: confdir
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- if .Values.proxy.upstreamCA.secretName }}
+- name: upstream-ca
+  secret:
+    secretName: {{ .Values.proxy.upstreamCA.secretName }}
+    defaultMode: 0444
+{{- end }}
+{{- range .Values.transformSecrets }}
+- name: {{ printf "secret-%s" .name | trunc 63 | trimSuffix "-" }}
+  secret:
+    secretName: {{ .name }}
+    defaultMode: {{ $mode }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The proxy container. Call with (dict "root" $ "mode" ... "securityContext" ...
+["restartPolicy" "Always"]).
+*/}}
+{{- define "egress-proxy.proxyContainer" -}}
+{{- $root := .root }}
+{{- $v := $root.Values -}}
+- name: egress-proxy
+  image: {{ include "egress-proxy.image" $root }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- with .restartPolicy }}
+  # A native sidecar: started before the sandbox, stopped after it.
+  restartPolicy: {{ . }}
+  {{- end }}
+  args:
+    {{- include "egress-proxy.runArgs" (dict "root" $root "mode" .mode) | nindent 4 }}
+  {{- with $v.proxy.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    - name: proxy
+      containerPort: {{ $v.proxy.port }}
+      protocol: TCP
+    - name: metrics
+      containerPort: {{ $v.proxy.metricsPort }}
+      protocol: TCP
+  startupProbe:
+    httpGet:
+      path: /readyz
+      port: metrics
+    periodSeconds: 1
+    failureThreshold: 60
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: metrics
+    periodSeconds: 10
+    failureThreshold: 3
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: metrics
+    periodSeconds: 5
+    failureThreshold: 2
+  securityContext:
+    {{- toYaml .securityContext | nindent 4 }}
+  resources:
+    {{- toYaml $v.resources | nindent 4 }}
+  volumeMounts:
+    {{- include "egress-proxy.proxyVolumeMounts" $root | nindent 4 }}
+{{- end }}
+
+{{- define "egress-proxy.scrapeAnnotations" -}}
+{{- if .Values.metrics.scrapeAnnotations -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.proxy.metricsPort | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/* Fails rendering when a transform value would put a secret into the ConfigMap. */}}
+{{- define "egress-proxy.checkEnvironment" -}}
+{{- $network := .Values.environment }}
+{{- $where := "environment" }}
+{{- if hasKey .Values.environment "network" }}
+{{- $network = .Values.environment.network | default dict }}
+{{- $where = "environment.network" }}
+{{- end }}
+{{- range $i, $entry := $network.allowlist | default list }}
+{{- range $header, $value := $entry.transform | default dict }}
+{{- if not (regexMatch "\\$\\{(file|env):" (toString $value)) }}
+{{- fail (printf "%s.allowlist[%d].transform.%s: must reference a secret with ${file:/path} (a mounted transformSecrets key) or ${env:NAME}; secrets never go into values or the ConfigMap" $where $i $header) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+`ca.source: generate`: the CA as base64 `crt` and `key`. Helm generates it once:
+`lookup` returns the Secret of a previous install/upgrade, which is reused, so
+every replica and every upgrade keeps the one CA the sandboxes trust. The result
+is memoised in the render (the Secret and the published ConfigMap must carry the
+same certificate). `helm template` and `--dry-run` cannot look up and print a
+fresh CA each time: use `ca.source: secret` or `certManager` with GitOps tools
+that render offline.
+*/}}
+{{- define "egress-proxy.generatedCA" -}}
+{{- if not (hasKey .Values.ca "_generated") }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "egress-proxy.caSecretName" .) }}
+{{- if and $existing $existing.data (index $existing.data "tls.key") }}
+{{- $_ := set .Values.ca "_generated" (dict "crt" (index $existing.data "tls.crt") "key" (index $existing.data "tls.key")) }}
+{{- else }}
+{{- $ca := genCA .Values.ca.generate.commonName (int .Values.ca.generate.validityDays) }}
+{{- $_ := set .Values.ca "_generated" (dict "crt" ($ca.Cert | b64enc) "key" ($ca.Key | b64enc)) }}
+{{- end }}
+{{- end }}
+{{- toYaml .Values.ca._generated }}
+{{- end }}
