@@ -70,27 +70,44 @@ def parse_ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address
     return parse_ipv4_literal(text.rstrip(".") if text.count(".") == 4 else text)
 
 
+def ip_text(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """Canonical text of an address, the same on every Python version.
+
+    (3.13 started writing IPv4-mapped addresses as `::ffff:127.0.0.1`; 3.12 wrote
+    `::ffff:7f00:1`. Logs, deny bodies and allowlist keys must not depend on that.)
+    """
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return f"::ffff:{ip.ipv4_mapped}"
+    return str(ip)
+
+
 def normalize_host(raw: str) -> str:
     """Canonical form of a requested host name or IP literal; raises HostError."""
     if not isinstance(raw, str) or not raw.strip():
         raise HostError("empty host")
     ip = parse_ip_literal(raw)
     if ip is not None:
-        return str(ip)
-    host = raw.strip().rstrip(".")
+        return ip_text(ip)
+    # One trailing dot marks a fully qualified name; `a.b..` has an empty label.
+    host = raw.strip().removesuffix(".")
     if host.startswith("[") or ":" in host:
         raise HostError("malformed IP literal")
     if not host.isascii():
         try:
             host = host.encode("idna").decode("ascii")
         except UnicodeError as exc:
-            raise HostError(f"invalid internationalised name ({exc.reason})") from None
+            # The idna codec raises plain UnicodeError (no `.reason`) for empty labels.
+            raise HostError(f"invalid internationalised name ({getattr(exc, 'reason', exc)})") from None
     host = host.lower()
     if len(host) > 253:
         raise HostError("name longer than 253 characters")
     for label in host.split("."):
         if not _LABEL.match(label):
             raise HostError(f"invalid label {label!r}" if label else "empty label")
+    # `1.2.3.` or `0x7f\u30021` only read as an address once the dot is dropped or
+    # IDNA has mapped the separator; the canonical form must not depend on a second pass.
+    if (ip := parse_ipv4_literal(host)) is not None:
+        return str(ip)
     return host
 
 
@@ -133,9 +150,10 @@ def parse_pattern(text: object) -> DomainPattern:
         rest = stripped[2:]
         if "*" in rest:
             raise HostError(f"{text!r}: '*' is only allowed as the whole first label")
-        if parse_ip_literal(rest) is not None:
-            raise HostError(f"{text!r}: a wildcard cannot cover an IP address")
         suffix = normalize_host(rest)
+        # Checked on the canonical form: `*.1.2.3.` and `*.0x7f\u30021` are addresses too.
+        if parse_ip_literal(suffix) is not None:
+            raise HostError(f"{text!r}: a wildcard cannot cover an IP address")
         if _public_suffixes().is_public(suffix):
             raise HostError(
                 f"{text!r}: wildcard over the public suffix {suffix!r} would allow every domain under it"

@@ -5,7 +5,10 @@ Hook by hook:
 - `requestheaders`   check each request's destination (and that it agrees with the
                      tunnel it travels in); 403 or let it on.
 - `tls_clienthello`  SNI must equal the CONNECT host; entries without a transform
-                     are passed through without interception.
+                     are passed through without interception. In transparent mode
+                     the SNI *is* the destination: it is checked here, and the
+                     connection is renamed from the client's original destination
+                     address to that name, so the original address is never dialled.
 - `server_connect`   dial only the address that was checked for this client and
                      destination; anything else is refused (fail closed).
 Policy lives in `egress.policy` / `egress.destinations`; this file only wires it in.
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 
 from mitmproxy import connection, http, tls
 from mitmproxy.net.http import url
-from mitmproxy.proxy import server_hooks
+from mitmproxy.proxy import mode_specs, server_hooks
 
 from egress import policy
 from egress.addresses import IPAddress
@@ -49,13 +52,17 @@ def deny_response(reason: str, host: str) -> http.Response:
     return http.Response.make(
         403,
         policy.deny_body(reason, host),
-        {"Content-Type": "application/json", "X-Egress-Denied": reason, "Connection": "close"},
+        {"Content-Type": "application/json", "X-Egress-Denied": reason},
     )
 
 
 def _client_label(client: connection.Client) -> str:
     host, port, *_ = client.peername
     return f"{host}:{port}"
+
+
+def _transparent(client: connection.Client) -> bool:
+    return isinstance(client.proxy_mode, mode_specs.TransparentMode)
 
 
 def _normalized(host: str) -> str | None:
@@ -102,6 +109,14 @@ class DestinationGuard:
         request = flow.request
         spec = self.checker.spec
         state = self._state(flow.client_conn)
+        if _transparent(flow.client_conn) and state.tunnel is None:
+            # Plain HTTP, redirected: mitmproxy names the client's original destination
+            # address, which the client chose. The destination is the Host header's name,
+            # and the request goes to the address checked for that name.
+            name = self._host_header_name(request)
+            if name is None:
+                return policy.unnamed()
+            request.data.host = name
         host = _normalized(request.host)
         if host is None:
             return policy.check_name(spec, request.host)
@@ -125,6 +140,14 @@ class DestinationGuard:
         return decision
 
     @staticmethod
+    def _host_header_name(request: http.Request) -> str | None:
+        try:
+            name, _ = url.parse_authority(request.host_header or "", check=False)
+        except ValueError:
+            return None
+        return name or None
+
+    @staticmethod
     def _authority_agrees(request: http.Request, host: str) -> bool:
         """Every name the request carries (Host header, :authority) is the destination's."""
         for value in (request.headers.get("host"), request.authority or None):
@@ -138,10 +161,12 @@ class DestinationGuard:
                 return False
         return True
 
-    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+    async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         state = self.clients.get(data.context.client.id)
         tunnel = state.tunnel if state else None
         if tunnel is None:
+            if _transparent(data.context.client):
+                await self._open_transparent_tls(data)
             return
         client = _client_label(data.context.client)
         sni = data.client_hello.sni
@@ -156,6 +181,31 @@ class DestinationGuard:
             data.ignore_connection = True
             self.log.record(tunnel.decision, client=client, port=tunnel.port, method="CONNECT", kind="tunnel")
 
+    async def _open_transparent_tls(self, data: tls.ClientHelloData) -> None:
+        """Check the SNI of a redirected TLS connection and make it the connection's destination."""
+        client, server = data.context.client, data.context.server
+        _, port = server.address
+        sni = data.client_hello.sni
+        if sni:
+            decision, address = await self.checker.check(sni, port)
+        else:
+            decision, address = policy.unnamed(policy.NO_SNI), None
+        state = self._state(client)
+        state.tunnel = Tunnel(decision.host, port, decision)
+        if not decision.allowed:
+            state.tunnel.blocked = decision.reason
+            data.ignore_connection = True  # server_connect refuses: the client sees a close
+            self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
+            return
+        state.pins[(decision.host, port)] = address
+        # From here on the destination is the name (and its checked address), never the
+        # address the client connected to: SNI `allowed.test` sent to another IP reaches
+        # allowed.test. The upstream TLS handshake still uses the client's SNI.
+        server.address = (decision.host, port)
+        if not decision.transform:
+            data.ignore_connection = True
+            self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
+
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         state = self.clients.get(data.client.id)
         host, port = data.server.address or ("", 0)
@@ -163,6 +213,10 @@ class DestinationGuard:
         address = state.pins.get((normalized, port)) if state and normalized else None
         if state and state.tunnel and state.tunnel.blocked:
             data.server.error = f"egress: tunnel refused ({state.tunnel.blocked})"
+        elif address is None and _transparent(data.client) and data.server.address == data.client.sockname:
+            # Redirected TCP that is neither TLS nor HTTP names no destination: refused, counted.
+            self.log.record(policy.unnamed(), client=_client_label(data.client), port=port, method="TCP", kind="tunnel")
+            data.server.error = "egress: connection names no destination (neither TLS with SNI nor HTTP)"
         elif address is None:
             # Every legitimate path pins an address before mitmproxy dials; reaching here
             # means an unchecked destination, so refuse instead of resolving it.

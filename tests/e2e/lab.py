@@ -95,6 +95,11 @@ def _cert(subject: str, key, issuer_cert=None, issuer_key=None, sans=(), ca=Fals
         .not_valid_before(now - datetime.timedelta(days=1))
         .not_valid_after(now + datetime.timedelta(days=30))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        # Python 3.13's default VERIFY_X509_STRICT requires both key identifiers.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key((issuer_key or key).public_key()), critical=False
+        )
     )
     if sans:
         alt = []
