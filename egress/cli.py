@@ -84,7 +84,57 @@ def _build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="validate a spec; one line per problem")
     check.add_argument("--spec", required=True)
+
+    rules = commands.add_parser(
+        "redirect-rules", help="print (or --apply) the nftables rules that send a sandbox namespace through the proxy"
+    )
+    rules.add_argument("--proxy-port", type=int, default=8080, help="the proxy's transparent port (default 8080)")
+    rules.add_argument("--proxy-uid", type=_uint, help="uid of the proxy process, whose traffic is exempt")
+    rules.add_argument("--proxy-mark", type=_uint, help="packet mark of the proxy's traffic, which is exempt")
+    rules.add_argument(
+        "--dns", action="append", default=[], metavar="IP", help="resolver that may be reached on port 53 (repeatable)"
+    )
+    rules.add_argument("--apply", action="store_true", help="install the rules with `nft -f -`")
     return parser
+
+
+def _uint(text: str) -> int:
+    """Decimal or 0x-hexadecimal, as uids and marks are written."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def cmd_redirect_rules(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from egress.redirect_rules import RulesError, render_rules
+
+    try:
+        script = render_rules(
+            proxy_port=args.proxy_port, proxy_uid=args.proxy_uid, proxy_mark=args.proxy_mark, dns=args.dns
+        )
+    except RulesError as exc:
+        raise UsageError(f"redirect-rules: {exc}") from None
+    sys.stdout.write(script)
+    sys.stdout.flush()
+    if not args.apply:
+        return 0
+    try:
+        done = subprocess.run(["nft", "-f", "-"], check=False, input=script, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"egress-proxy: redirect-rules --apply: cannot run nft ({getattr(exc, 'strerror', None) or exc})", file=sys.stderr)
+        return 1
+    if done.returncode != 0:
+        detail = " | ".join(line.strip() for line in done.stderr.splitlines() if line.strip())[:500]
+        print(f"egress-proxy: redirect-rules --apply: nft failed (exit {done.returncode}): {detail}", file=sys.stderr)
+        return 1
+    print("egress-proxy: redirect-rules applied", file=sys.stderr)
+    return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -182,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "redirect-rules":
+            return cmd_redirect_rules(args)
         return asyncio.run(_run(args))
     except UsageError as exc:
         print(f"egress-proxy: {exc}", file=sys.stderr)

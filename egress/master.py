@@ -8,6 +8,7 @@ ours, in the order the decisions must happen (guard before injector).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from mitmproxy import master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
@@ -53,7 +54,7 @@ def build_master(
     settings: dict[str, object] = dict(
         listen_host=listen_host,
         listen_port=listen_port,
-        mode=[mode],
+        mode=listen_modes(mode, listen_host, listen_port),
         confdir=confdir,
         # Dial upstream only when a request (or passthrough tunnel) needs it, after
         # every check has run, instead of at CONNECT time.
@@ -68,6 +69,27 @@ def build_master(
     opts.update(**settings)
     opts.set(*(f"{k}={v}" for k, v in extra_options.items()))
     return m
+
+
+def listen_modes(mode: str, listen_host: str, listen_port: int) -> list[str]:
+    """mitmproxy modes to run; transparent on loopback listens on both loopbacks.
+
+    nftables `redirect` delivers redirected IPv4 connections to 127.0.0.1 and IPv6
+    ones to ::1, so a transparent proxy on one loopback also takes the other (IPv6
+    only where the namespace has ::1), staying unreachable from outside the pod.
+    """
+    other = {"127.0.0.1": "::1", "::1": "127.0.0.1"}.get(listen_host)
+    if mode != "transparent" or other is None or (other == "::1" and not _has_ipv6_loopback()):
+        return [mode]
+    return [mode, f"transparent@{other}:{listen_port}"]
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        lines = Path("/proc/net/if_inet6").read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split()[0] == "0" * 31 + "1" for line in lines if line.strip())
 
 
 def print_err(message: str) -> None:

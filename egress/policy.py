@@ -130,5 +130,16 @@ def with_reason(spec: Spec, decision: Decision, reason: str) -> Decision:
     return _finish(spec, decision.host, reason, decision.entry)
 
 
+def unnamed(reason: str = NOT_ALLOWLISTED) -> Decision:
+    """A redirected connection that names no destination (transparent mode).
+
+    TLS without SNI is `no_sni`; plain HTTP without a Host header, and TCP that is
+    neither TLS nor HTTP, are `not_allowlisted` with an empty host: no name, so no
+    allowlist entry. Refused in report mode too, since letting it pass would mean
+    dialling the address the client chose, which nothing has checked.
+    """
+    return Decision(host="", reason=reason)
+
+
 def deny_body(reason: str, host: str) -> bytes:
     return json.dumps({"error": "egress_denied", "reason": reason, "host": host}).encode()
