@@ -273,6 +273,9 @@ prometheus.io/path: /metrics
 
 {{/* Fails rendering when a transform value would put a secret into the ConfigMap. */}}
 {{- define "egress-proxy.checkEnvironment" -}}
+{{- if and (hasKey .Values.environment "network") (hasKey .Values.environment "allowlist") }}
+{{- fail "environment: has both `network` and a top-level `allowlist`; give the whole environment (network: ...) or its network part (allowlist: ...), not both" }}
+{{- end }}
 {{- $network := .Values.environment }}
 {{- $where := "environment" }}
 {{- if hasKey .Values.environment "network" }}

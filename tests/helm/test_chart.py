@@ -1,0 +1,616 @@
+"""The Helm chart, checked with the real tools: `helm lint --strict`, `helm template`
+validated offline by `kubernetes-validate --strict`, the rendered spec accepted by
+`egress-proxy check`, the sidecar init command compared with `egress-proxy
+redirect-rules`, and the rendered proxy command run for real.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from cryptography import x509
+from helm.chart_util import (
+    CHART,
+    CI_VALUES,
+    REPO,
+    all_containers,
+    by_kind,
+    container,
+    find_tool,
+    helm_template,
+    one,
+    pod_spec,
+)
+
+# kubernetes-validate bundles schemas up to its own version; these are current releases.
+KUBERNETES_VERSIONS = ["1.34.0", "1.35.0"]
+# Kinds from CRDs, which kubernetes-validate does not know; test_crd_resources checks them.
+CRD_GROUPS = ("monitoring.coreos.com/", "cert-manager.io/")
+PATTERNS = {"default": [], **{name: [path] for name, path in CI_VALUES.items()}}
+FILE_REF = re.compile(r"\$\{file:([^}]+)\}")
+
+
+def write_values(tmp_path: Path, name: str, values: dict) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return path
+
+
+# --- helm lint / kubernetes-validate -----------------------------------------------------
+
+
+def test_ci_values_cover_both_patterns():
+    assert {"gateway", "sidecar"} <= set(CI_VALUES), CI_VALUES
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_helm_lint_strict(helm, pattern):
+    cmd = [helm, "lint", "--strict", str(CHART)]
+    for f in PATTERNS[pattern]:
+        cmd += ["-f", str(f)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 chart(s) failed" in out.stdout
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout
+
+
+CA_SOURCES = {
+    "generate": {},
+    "secret": {"ca": {"source": "secret", "secretName": "corp-egress-ca"}},
+    "certManager": {"ca": {"source": "certManager"}},
+}
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("ca_source", CA_SOURCES)
+def test_manifests_valid_for_kubernetes(render, tmp_path, pattern, ca_source):
+    extra = [write_values(tmp_path, "ca", CA_SOURCES[ca_source])] if CA_SOURCES[ca_source] else []
+    docs = render(*PATTERNS[pattern], *extra)
+    core = [d for d in docs if not d["apiVersion"].startswith(CRD_GROUPS)]
+    assert core
+    files = []
+    for i, doc in enumerate(core):
+        path = tmp_path / f"{i:02d}-{doc['kind']}.yaml"
+        path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+        files.append(str(path))
+    for version in KUBERNETES_VERSIONS:
+        out = subprocess.run(
+            [find_tool("kubernetes-validate"), "--strict", "--quiet", "-k", version, *files],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"},  # offline
+        )
+        assert out.returncode == 0, f"kubernetes {version}:\n{out.stdout}{out.stderr}"
+
+
+def test_kubernetes_validate_rejects_a_broken_manifest(tmp_path):
+    """The validation above would catch a mistake: an unknown field under --strict."""
+    bad = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {}, "dta": {}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad), encoding="utf-8")
+    out = subprocess.run(
+        [find_tool("kubernetes-validate"), "--strict", "--quiet", "-k", KUBERNETES_VERSIONS[0], str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and "dta" in out.stdout + out.stderr
+
+
+def test_crd_resources(render):
+    """ServiceMonitor and cert-manager objects (CRDs, not in kubernetes-validate): checked by hand."""
+    docs = render(CI_VALUES["gateway"])
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    service = one(docs, "Service")
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"] and "metrics" in port_names
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+    docs = render(set_values={"ca.source": "certManager"})
+    cert = one(docs, "Certificate")
+    issuer = one(docs, "Issuer")
+    assert cert["apiVersion"] == issuer["apiVersion"] == "cert-manager.io/v1"
+    assert cert["spec"]["isCA"] is True and "cert sign" in cert["spec"]["usages"]
+    assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer", "group": "cert-manager.io"}
+    assert "selfSigned" in issuer["spec"]
+    ca_volume = next(v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca")
+    assert ca_volume["secret"]["secretName"] == cert["spec"]["secretName"]
+    assert not by_kind(docs, "Secret"), "cert-manager writes the CA Secret, the chart must not"
+
+
+# --- spec ConfigMap, secrets ---------------------------------------------------------------
+
+
+def _secret_mounts(spec: dict, container_name: str) -> dict[str, str]:
+    """mountPath → Secret name for the Secret volumes a container mounts."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {}
+    for m in container(spec, container_name)["volumeMounts"]:
+        secret = volumes[m["name"]].get("secret")
+        if secret and "subPath" not in m:
+            mounts[m["mountPath"]] = secret["secretName"]
+    return mounts
+
+
+@pytest.mark.parametrize("pattern", ["gateway", "sidecar"])
+def test_spec_configmap_accepted_by_check_and_secrets_only_referenced(render, tmp_path, pattern):
+    values = yaml.safe_load(CI_VALUES[pattern].read_text(encoding="utf-8"))
+    docs = render(CI_VALUES[pattern])
+    spec_text = one(docs, "ConfigMap", "-spec")["data"]["spec.yaml"]
+    workload = one(docs, "Deployment")
+    mounts = _secret_mounts(pod_spec(workload), "egress-proxy")
+
+    # Every ${file:} reference points into a Secret the proxy container mounts.
+    refs = FILE_REF.findall(spec_text)
+    assert refs, "the CI values exercise transform secrets"
+    secret_values = {}
+    for ref in refs:
+        directory, _, key = ref.rpartition("/")
+        assert directory in mounts, f"${{file:{ref}}} is not inside a mounted Secret ({sorted(mounts)})"
+        # What kubelet would put there: test values that must never show up in a manifest.
+        secret_values[ref] = f"sk-test-{mounts[directory]}-{key}-do-not-render"
+
+    # `egress-proxy check` accepts the rendered spec, with the files where the pod has them.
+    root = tmp_path / "secrets"
+    for ref, value in secret_values.items():
+        target = root / ref.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(value + "\n", encoding="utf-8")
+    local_spec = tmp_path / "spec.yaml"
+    local_spec.write_text(FILE_REF.sub(lambda m: f"${{file:{root}{m.group(1)}}}", spec_text), encoding="utf-8")
+    out = subprocess.run(
+        [find_tool("egress-proxy"), "check", "--spec", str(local_spec)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(values['environment']['network']['allowlist'])} allowlist entries" in out.stdout
+
+    # The spec in the ConfigMap is the one from values, secrets as references only.
+    assert yaml.safe_load(spec_text) == values["environment"]
+    rendered = helm_template_text(render, CI_VALUES[pattern])
+    for value in secret_values.values():
+        assert value not in rendered
+
+
+def helm_template_text(render, *files) -> str:
+    return yaml.safe_dump_all(render(*files))
+
+
+def test_no_manifest_contains_a_transform_secret(helm, render, tmp_path):
+    """A literal secret in `environment` is refused by the schema and, without it, by the
+    template; with references, no manifest of any pattern carries a secret value."""
+    secret = "sk-live-0123456789abcdef"
+    leaky = {
+        "environment": {
+            "network": {"allowlist": [{"domain": "api.example.com", "transform": {"Authorization": f"Bearer {secret}"}}]}
+        }
+    }
+    path = write_values(tmp_path, "leaky", leaky)
+    out = helm_template(helm, path)
+    assert out.returncode != 0 and "transform" in out.stderr and secret not in out.stdout
+    out = helm_template(helm, path, extra=["--skip-schema-validation"])
+    assert out.returncode != 0 and secret not in out.stdout
+    assert "must reference a secret" in out.stderr and secret not in out.stderr
+    # The bare `network` form of the spec is guarded the same way.
+    bare = write_values(tmp_path, "bare", {"environment": leaky["environment"]["network"]})
+    out = helm_template(helm, bare, extra=["--skip-schema-validation"])
+    assert out.returncode != 0 and "environment.allowlist[0].transform.Authorization" in out.stderr
+
+    for pattern in PATTERNS:
+        for doc in render(*PATTERNS[pattern]):
+            if doc["kind"] in ("ConfigMap", "Secret"):
+                data = doc.get("data", {})
+                text = "\n".join(
+                    base64.b64decode(v).decode() if doc["kind"] == "Secret" else v for v in data.values()
+                )
+                # Only the CA (generated by helm) may live in a Secret; nothing in a ConfigMap is a key.
+                assert "PRIVATE KEY" not in text or doc["kind"] == "Secret", doc["metadata"]["name"]
+
+
+# --- CA ------------------------------------------------------------------------------------
+
+
+def test_generated_ca_is_shared_and_published_without_key(render):
+    docs = render(CI_VALUES["gateway"])
+    secret = one(docs, "Secret", "-ca")
+    assert secret["type"] == "kubernetes.io/tls"
+    crt = base64.b64decode(secret["data"]["tls.crt"])
+    published = one(docs, "ConfigMap", "-ca-cert")["data"]
+    assert list(published) == ["ca.crt"] and published["ca.crt"].strip() == crt.decode().strip()
+    cert = x509.load_pem_x509_certificate(crt)
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    # One Secret for all replicas: the Deployment mounts exactly this one.
+    ca_volume = next(v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca")
+    assert ca_volume["secret"]["secretName"] == secret["metadata"]["name"]
+
+
+def test_existing_ca_secret_published_from_values(render, tmp_path):
+    pem = one(render(), "ConfigMap", "-ca-cert")["data"]["ca.crt"]
+    values = write_values(tmp_path, "ca", {"ca": {"source": "secret", "secretName": "corp-ca", "certificate": pem}})
+    docs = render(values)
+    assert not by_kind(docs, "Secret")
+    assert one(docs, "ConfigMap", "-ca-cert")["data"]["ca.crt"].strip() == pem.strip()
+    ca_volume = next(v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca")
+    assert ca_volume["secret"]["secretName"] == "corp-ca"
+
+
+# --- security, probes, scaling -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["gateway", "sidecar"])
+def test_pod_security(render, pattern):
+    docs = render(CI_VALUES[pattern])
+    spec = pod_spec(one(docs, "Deployment"))
+    assert spec["automountServiceAccountToken"] is False
+    for c in all_containers(spec):
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False, c["name"]
+        assert sc["readOnlyRootFilesystem"] is True, c["name"]
+        assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
+        assert sc.get("seccompProfile", spec["securityContext"].get("seccompProfile")) == {"type": "RuntimeDefault"}
+        assert not sc.get("privileged"), c["name"]
+        assert "resources" in c and c["resources"]["limits"]["memory"], c["name"]
+        if c["name"] == "redirect-rules":
+            # nft needs CAP_NET_ADMIN effective, which Kubernetes gives only to UID 0.
+            assert sc["capabilities"]["add"] == ["NET_ADMIN"] and sc["runAsUser"] == 0
+        else:
+            assert "add" not in sc["capabilities"], c["name"]
+            uid = sc.get("runAsUser", spec["securityContext"].get("runAsUser"))
+            assert uid and uid != 0, c["name"]
+            assert sc.get("runAsNonRoot", spec["securityContext"].get("runAsNonRoot")) is True, c["name"]
+
+
+def test_gateway_objects(render):
+    docs = render(CI_VALUES["gateway"])
+    deployment = one(docs, "Deployment")
+    spec = pod_spec(deployment)
+    proxy = container(spec, "egress-proxy")
+    assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "9090"
+    assert {t["topologyKey"] for t in spec["topologySpreadConstraints"]} == {
+        "topology.kubernetes.io/zone",
+        "kubernetes.io/hostname",
+    }
+    assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
+    hpa = one(docs, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    service = one(docs, "Service")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_network_policy_lets_sandboxes_reach_only_the_proxy_and_dns(render):
+    docs = render(CI_VALUES["gateway"])
+    policies = {p["metadata"]["name"]: p for p in by_kind(docs, "NetworkPolicy")}
+    sandbox = policies["rel-egress-proxy-sandbox-egress"]["spec"]
+    assert sandbox["policyTypes"] == ["Egress"]
+    assert sandbox["podSelector"] == {"matchLabels": {"egress-proxy/sandbox": "true"}}
+    to_proxy, to_dns = sandbox["egress"]
+    selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert to_proxy["to"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sandboxes"}},
+         "podSelector": {"matchLabels": selector}}
+    ]
+    assert to_proxy["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert {p["port"] for p in to_dns["ports"]} == {53}
+    assert "ipBlock" not in json.dumps(sandbox), "no way out but the proxy"
+    proxy = policies["rel-egress-proxy"]["spec"]
+    assert proxy["policyTypes"] == ["Ingress"]
+    assert proxy["ingress"][0]["ports"] == [{"port": "proxy", "protocol": "TCP"}]
+    # The sidecar pattern has no NetworkPolicy: pods, not containers, are what it selects.
+    assert not by_kind(render(CI_VALUES["sidecar"]), "NetworkPolicy")
+
+
+def test_spec_configmap_mounted_for_reload(render):
+    """Reload without a restart: the ConfigMap is mounted as a directory (kubelet updates
+    those; subPath mounts never change) and no spec checksum rolls the pods."""
+    for pattern in ("gateway", "sidecar"):
+        docs = render(CI_VALUES[pattern])
+        workload = one(docs, "Deployment")
+        spec = pod_spec(workload)
+        proxy = container(spec, "egress-proxy")
+        spec_volume = next(v for v in spec["volumes"] if v.get("configMap", {}).get("name", "").endswith("-spec"))
+        mount = next(m for m in proxy["volumeMounts"] if m["name"] == spec_volume["name"])
+        assert "subPath" not in mount
+        spec_arg = proxy["args"][proxy["args"].index("--spec") + 1]
+        assert spec_arg == f"{mount['mountPath']}/spec.yaml"
+        for m in proxy["volumeMounts"]:
+            assert "subPath" not in m, "secret rotation and spec updates need directory mounts"
+        annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
+        spec_text = one(docs, "ConfigMap", "-spec")["data"]["spec.yaml"]
+        assert not any("spec" in k for k in annotations), annotations
+        assert spec_text not in json.dumps(annotations)
+
+
+# --- values.schema.json --------------------------------------------------------------------
+
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+
+
+def _with(path: str, value) -> dict:
+    values = json.loads(json.dumps(DEFAULTS))
+    node = values
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return values
+
+
+BAD_VALUES = {
+    "unknown pattern": ("pattern", "mesh"),
+    "literal transform secret": (
+        "environment",
+        {"network": {"allowlist": [{"domain": "a.example.com", "transform": {"Authorization": "Bearer sk-123"}}]}},
+    ),
+    "port out of range": ("proxy.port", 70000),
+    "root proxy uid": ("sidecar.proxyUid", 0),
+    "unknown CA source": ("ca.source", "vault"),
+    "misspelt key": ("replicaCont", 3),
+    "dns not an IP": ("sidecar.dnsServers", ["kube-dns.kube-system"]),
+}
+
+
+def test_schema_accepts_defaults_and_ci_values():
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    jsonschema.validate(DEFAULTS, SCHEMA)
+    for path in CI_VALUES.values():
+        merged = {**DEFAULTS, **yaml.safe_load(path.read_text(encoding="utf-8"))}
+        jsonschema.validate(merged, SCHEMA)
+
+
+@pytest.mark.parametrize("case", BAD_VALUES)
+def test_schema_rejects_bad_values(case):
+    path, value = BAD_VALUES[case]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_with(path, value), SCHEMA)
+
+
+def test_helm_enforces_the_schema(helm, tmp_path):
+    out = helm_template(helm, write_values(tmp_path, "bad", {"pattern": "mesh"}))
+    assert out.returncode != 0 and "schema" in out.stderr and "/pattern" in out.stderr, out.stderr
+    out = helm_template(helm, write_values(tmp_path, "bad", {"proxy": {"port": 0}}))
+    assert out.returncode != 0 and "/proxy/port" in out.stderr, out.stderr
+
+
+# --- sidecar / transparent -----------------------------------------------------------------
+
+
+def _redirect_rules_available() -> str:
+    exe = find_tool("egress-proxy")
+    out = subprocess.run([exe, "redirect-rules", "--help"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        pytest.fail(
+            "`egress-proxy redirect-rules` does not exist in the installed egress-proxy (transparent-mode issue); "
+            f"the sidecar init command cannot be compared with it:\n{out.stderr.strip()}"
+        )
+    return exe
+
+
+SIDECAR_CASES = {
+    "defaults": {"sidecar": {"dnsServers": ["10.96.0.10"]}},
+    "custom": {
+        "proxy": {"port": 15001},
+        "sidecar": {"proxyUid": 1337, "proxyMark": "0x539", "dnsServers": ["169.254.20.10", "fd00:10:96::a"]},
+    },
+}
+
+
+@pytest.mark.parametrize("case", SIDECAR_CASES)
+def test_sidecar_init_command_equals_redirect_rules_output(render, tmp_path, case):
+    exe = _redirect_rules_available()
+    values = SIDECAR_CASES[case]
+    docs = render(CI_VALUES["sidecar"], write_values(tmp_path, case, values))
+    spec = pod_spec(one(docs, "Deployment", "-sandbox-example"))
+    init = container(spec, "redirect-rules")
+    proxy = container(spec, "egress-proxy")
+
+    # Same image as the proxy, whose ENTRYPOINT is egress-proxy; applied with --apply.
+    assert "command" not in init and init["image"] == proxy["image"]
+    assert init["args"][0] == "redirect-rules" and init["args"][-1] == "--apply"
+
+    port = values.get("proxy", {}).get("port", 8080)
+    uid = values["sidecar"].get("proxyUid", 10001)
+    expected_args = ["redirect-rules", "--proxy-port", str(port), "--proxy-uid", str(uid)]
+    if "proxyMark" in values["sidecar"]:
+        expected_args += ["--proxy-mark", values["sidecar"]["proxyMark"]]
+    for ip in values["sidecar"]["dnsServers"]:
+        expected_args += ["--dns", ip]
+    printed = subprocess.run([exe, *expected_args], capture_output=True, text=True, timeout=30)
+    assert printed.returncode == 0, printed.stderr
+    rendered = subprocess.run([exe, *init["args"][:-1]], capture_output=True, text=True, timeout=30)
+    assert rendered.returncode == 0, rendered.stderr
+    assert rendered.stdout == printed.stdout and "redirect to :%d" % port in printed.stdout
+
+    # The rules exempt exactly the proxy: its UID and its transparent port.
+    assert proxy["securityContext"]["runAsUser"] == uid
+    assert proxy["args"][proxy["args"].index("--mode") + 1] == "transparent"
+    assert proxy["args"][proxy["args"].index("--listen") + 1] == f"0.0.0.0:{port}"
+    sandbox = container(spec, "sandbox")
+    assert sandbox["securityContext"]["runAsUser"] != uid
+    # Order: CA, rules, then the proxy (native sidecar) before the sandbox starts.
+    assert [c["name"] for c in spec["initContainers"]] == ["prepare-ca", "redirect-rules", "egress-proxy"]
+    assert proxy["restartPolicy"] == "Always"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a network namespace")
+def test_sidecar_init_command_applies_with_net_admin_only(render):
+    """The rendered init command really loads its rules with nft, in a fresh network
+    namespace, holding CAP_NET_ADMIN and nothing else (as the container does)."""
+    exe = _redirect_rules_available()
+    for tool in ("unshare", "setpriv", "nft"):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} not found (scripts/test.sh installs nftables)")
+    spec = pod_spec(one(render(CI_VALUES["sidecar"]), "Deployment", "-sandbox-example"))
+    init = container(spec, "redirect-rules")
+    script = (
+        'setpriv --bounding-set=-all,+net_admin --inh-caps=-all --no-new-privs -- "$@" && nft list table inet egress_redirect'
+    )
+    out = subprocess.run(
+        ["unshare", "--net", "sh", "-c", script, "sh", exe, *init["args"]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PATH": f"{Path(exe).parent}:{os.environ.get('PATH', '')}"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "redirect to :8080" in out.stdout and "meta skuid 10001" in out.stdout
+
+
+def test_sidecar_templates_can_be_included_from_a_parent_chart(helm, tmp_path):
+    """A user's chart depending on this one includes the sidecar into its own pod."""
+    parent = tmp_path / "sandbox-app"
+    shutil.copytree(Path(__file__).parent / "parent-chart", parent)
+    (parent / "charts").mkdir()
+    shutil.copytree(CHART, parent / "charts" / "egress-proxy")
+    out = subprocess.run([helm, "lint", "--strict", str(parent)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = helm_template(helm, chart=parent)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    pod = one(docs, "Pod")
+    names = [c["name"] for c in pod["spec"]["initContainers"]]
+    assert names == ["prepare-ca", "redirect-rules", "egress-proxy"]
+    # The pod points at the subchart's own ConfigMaps and Secret.
+    configmaps = {d["metadata"]["name"] for d in by_kind(docs, "ConfigMap")}
+    secrets = {d["metadata"]["name"] for d in by_kind(docs, "Secret")}
+    for v in pod["spec"]["volumes"]:
+        if "configMap" in v:
+            assert v["configMap"]["name"] in configmaps
+        if "secret" in v and v["name"] == "ca":
+            assert v["secret"]["secretName"] in secrets
+    init = container(pod["spec"], "redirect-rules")
+    assert init["args"][init["args"].index("--dns") + 1] == "10.0.0.10"
+
+
+# --- the rendered proxy command, run for real ----------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kubelet_configmap(directory: Path, files: dict[str, str], generation: int) -> None:
+    """Lay out (or update) a ConfigMap volume the way kubelet does: files are symlinks
+    to `..data/<key>`, `..data` a symlink to a timestamped directory swapped atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"..2025_01_01_00_00_0{generation}.000"
+    target.mkdir()
+    for name, text in files.items():
+        (target / name).write_text(text, encoding="utf-8")
+        link = directory / name
+        if not link.is_symlink():
+            link.symlink_to(Path("..data") / name)
+    tmp_link = directory / "..data_tmp"
+    tmp_link.symlink_to(target.name)
+    os.replace(tmp_link, directory / "..data")
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except OSError:
+        return 0, ""
+
+
+def test_rendered_gateway_runs_and_reloads_a_configmap_update(render, tmp_path):
+    """The gateway container's command, with the pod's paths mapped into a temporary
+    directory: prepare-ca builds a confdir mitmproxy accepts from the rendered CA Secret,
+    the proxy becomes ready on /readyz, and a kubelet-style ConfigMap swap is reloaded
+    without a restart."""
+    port, metrics_port = _free_port(), _free_port()
+    values = write_values(tmp_path, "ports", {"proxy": {"port": port, "metricsPort": metrics_port}})
+    docs = render(CI_VALUES["gateway"], values)
+    spec = pod_spec(one(docs, "Deployment"))
+    proxy = container(spec, "egress-proxy")
+    prepare = container(spec, "prepare-ca")
+    root = tmp_path / "pod"
+
+    def local(path: str) -> str:
+        return str(root / path.lstrip("/"))
+
+    # Volumes as kubelet would mount them.
+    ca_secret = one(docs, "Secret", "-ca")
+    mounts = {m["name"]: m["mountPath"] for m in proxy["volumeMounts"] + prepare["volumeMounts"]}
+    _kubelet_configmap(
+        Path(local(mounts["ca"])), {k: base64.b64decode(v).decode() for k, v in ca_secret["data"].items()}, 1
+    )
+    for m in proxy["volumeMounts"]:
+        if m["name"].startswith("secret-"):
+            _kubelet_configmap(Path(local(m["mountPath"])), {"token": "t0k3n", "team": "blue"}, 1)
+    spec_cm = one(docs, "ConfigMap", "-spec")["data"]
+    spec_dir = Path(local(mounts["spec"]))
+    rewrite = lambda text: FILE_REF.sub(lambda m: f"${{file:{local(m.group(1))}}}", text)  # noqa: E731
+    _kubelet_configmap(spec_dir, {k: rewrite(v) for k, v in spec_cm.items()}, 1)
+    Path(local(mounts["confdir"])).mkdir(parents=True)
+    upstream = Path(local(mounts["upstream-ca"]))
+    _kubelet_configmap(upstream, {"ca.crt": base64.b64decode(ca_secret["data"]["ca.crt"]).decode()}, 1)
+
+    # prepare-ca, as rendered, on the mapped paths.
+    paths = "|".join(re.escape(p) for p in sorted(set(mounts.values()), key=len, reverse=True))
+    script = re.sub(rf"(?<![\w/])({paths})", lambda m: local(m.group(1)), prepare["args"][0])
+    subprocess.run([*prepare["command"], script], check=True, timeout=30)
+    confdir = Path(local(mounts["confdir"]))
+    ca_pem = (confdir / "mitmproxy-ca.pem").read_bytes()
+    assert (confdir / "mitmproxy-ca.pem").stat().st_mode & 0o077 == 0
+
+    args = [local(a) if a.startswith("/") else a for a in proxy["args"]]
+    args = [a.replace("0.0.0.0:", "127.0.0.1:") for a in args]
+    proc = subprocess.Popen([find_tool("egress-proxy"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{metrics_port}"
+        deadline = time.monotonic() + 20
+        while _get(f"{base}/readyz")[0] != 200:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "proxy not ready"
+            time.sleep(0.1)
+        assert _get(f"{base}/healthz")[0] == 200
+        # mitmproxy used the CA from the Secret (it only generates one when none is there).
+        assert (confdir / "mitmproxy-ca.pem").read_bytes() == ca_pem
+        assert (confdir / "mitmproxy-dhparam.pem").exists()
+
+        # A ConfigMap update, as kubelet applies it: the proxy reloads, same process.
+        new_env = yaml.safe_load(spec_cm["spec.yaml"])
+        new_env["network"]["allowlist"].append({"domain": "files.example.com"})
+        _kubelet_configmap(spec_dir, {"spec.yaml": rewrite(yaml.safe_dump(new_env))}, 2)
+        deadline = time.monotonic() + 15
+        pattern = re.compile(r'^egress_config_reloads_total\{result="success"\} ([0-9.]+)$', re.M)
+        while True:
+            m = pattern.search(_get(f"{base}/metrics")[1])
+            if m and float(m.group(1)) >= 1:
+                break
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "ConfigMap update not reloaded"
+            time.sleep(0.2)
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
