@@ -32,6 +32,27 @@ _REFUSED_OPTIONS = {
 }
 
 
+# `run` flags for timeouts and connection caps (egress/addons/limits.py) and the options they set.
+_LIMIT_FLAGS = (
+    ("--connect-timeout", 10, "upstream TCP connect; then 502"),
+    ("--read-timeout", 120, "upstream's time to start answering a request; then 504 (502 over TLS)"),
+    ("--idle-timeout", 180, "close a connection silent in both directions (mitmproxy's tcp_timeout)"),
+    ("--header-timeout", 30, "a client connection with no request in flight must send a full request head"),
+    ("--max-connections", 4096, "client connections at once, all clients"),
+    ("--max-connections-per-client", 256, "client connections at once from one client address"),
+)
+
+
+def _limit_option(flag: str) -> str:
+    return "tcp_timeout" if flag == "--idle-timeout" else "egress_" + flag[2:].replace("-", "_")
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative whole number")
+    return int(text)
+
+
 class UsageError(Exception):
     pass
 
@@ -80,6 +101,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--report-only", action="store_true", help="like `network.mode: report`: log and count would-be blocks, let them pass"
     )
+    limits = run.add_argument_group("timeouts and limits (seconds / connections; 0 disables)")
+    for flag, default, help_text in _LIMIT_FLAGS:
+        limits.add_argument(flag, type=_count, default=default, metavar="N", help=f"{help_text} (default {default})")
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
 
     check = commands.add_parser("check", help="validate a spec; one line per problem")
@@ -179,7 +203,10 @@ async def _run(args: argparse.Namespace) -> int:
         return 1
     listen_host, listen_port = parse_hostport(args.listen, "--listen")
     metrics_host, metrics_port = parse_hostport(args.metrics_listen, "--metrics-listen")
-    extra = parse_set(args.set)
+    extra = {_limit_option(flag): str(getattr(args, flag[2:].replace("-", "_"))) for flag, *_ in _LIMIT_FLAGS}
+    if extra["tcp_timeout"] == "0":  # mitmproxy would close every connection at once
+        extra["tcp_timeout"] = str(10 * 365 * 86400)
+    extra.update(parse_set(args.set))
     confdir = Path(os.path.expanduser(args.confdir))
     try:
         confdir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -13,9 +13,11 @@ from pathlib import Path
 from mitmproxy import master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
+from egress.addons.failsafe import fail_closed
 from egress.addons.guard import DestinationGuard
 from egress.addons.inject import CredentialInjector
 from egress.addons.lifecycle import Readiness
+from egress.addons.limits import ConnectionLimits
 from egress.addons.observe import Timings
 from egress.addons.reloader import SpecReloader
 from egress.audit import DecisionLog
@@ -45,8 +47,10 @@ def build_master(
         next_layer.NextLayer(),
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),
-        DestinationGuard(checker, log),
-        CredentialInjector(log),
+        # Our hooks fail closed: an exception refuses the request/connection (failsafe.py).
+        fail_closed(DestinationGuard(checker, log)),
+        fail_closed(CredentialInjector(log)),
+        fail_closed(ConnectionLimits()),
         Timings(),
         SpecReloader(holder),
         readiness,

@@ -1,0 +1,185 @@
+"""Fail closed: an exception in one of our hooks refuses what the hook was deciding on.
+
+mitmproxy's addon manager catches an exception raised by a hook, logs it and
+carries on with the flow, so a check that crashes would let its request through
+unchecked. `fail_closed(addon)` wraps every event hook of one of our addons
+(at registration, in `egress.master`) so that instead
+
+- request-phase hooks (`http_connect`, `requestheaders`, `request`) answer
+  403 with reason `internal_error` (our extension of SPEC §3's reason codes);
+  response-phase hooks replace the response with 502 `internal_error`,
+- `tls_clienthello` refuses the tunnel (its upstream connection is killed, the
+  client sees a close), `server_connect` refuses the upstream connection (502),
+  `client_connected` refuses the client connection,
+- bookkeeping hooks (`client_disconnected`, `server_connected`, ...) decide
+  nothing, so their errors are only logged and counted.
+
+Each error is logged once, with the hook, the exception type and where it was
+raised, never its message or any header value (they may hold a secret), and is
+counted in `egress_internal_errors_total{hook}`. The proxy keeps serving.
+
+Test-only: `EGRESS_TEST_FAULT=[ADDON.]HOOK[@HOST][,...]`, read when an addon is
+wrapped, makes HOOK (of every addon, or of the addon class named ADDON) raise
+before our code runs, only for destination HOST when given.
+Unset, it does nothing. End-to-end tests use it to show that the proxy fails closed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import mitmproxy.proxy.layers  # noqa: F401  (registers the HTTP/TLS/TCP hooks in `hooks.all_hooks`)
+from mitmproxy import connection, hooks, http, tls
+from mitmproxy.proxy import server_hooks
+from prometheus_client import Counter
+
+from egress import policy
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_ERRORS = Counter(
+    "egress_internal_errors",
+    "Exceptions raised inside the proxy's own hooks; each one refused what it was deciding on.",
+    ["hook"],
+)
+TEST_FAULT_ENV = "EGRESS_TEST_FAULT"
+
+_REQUEST_HOOKS = frozenset({"http_connect", "requestheaders", "request", "http_connect_upstream"})
+_RESPONSE_HOOKS = frozenset({"responseheaders", "response"})
+# Lifecycle hooks are not wrapped: a failing `load`/`configure` must stop start-up.
+_LIFECYCLE_HOOKS = frozenset({"load", "configure", "running", "done", "update", "add_log"})
+
+
+class InjectedFault(RuntimeError):
+    """Raised by EGRESS_TEST_FAULT (tests only)."""
+
+
+def _test_faults() -> dict[str, str | None]:
+    faults: dict[str, str | None] = {}
+    for item in filter(None, (part.strip() for part in os.environ.get(TEST_FAULT_ENV, "").split(","))):
+        hook, _, host = item.partition("@")
+        faults[hook] = host.lower() or None
+    return faults
+
+
+def _subject(data: Any) -> tuple[str, str]:
+    """(destination host, client address) of a hook's argument, for the log line and test faults."""
+    if isinstance(data, http.HTTPFlow):
+        return data.request.host, _peer(data.client_conn)
+    if isinstance(data, tls.ClientHelloData):
+        return data.client_hello.sni or "", _peer(data.context.client)
+    if isinstance(data, server_hooks.ServerConnectionHookData):
+        host = data.server.address[0] if data.server.address else ""
+        return str(host), _peer(data.client)
+    if isinstance(data, connection.Client):
+        return "", _peer(data)
+    return "", ""
+
+
+def _peer(client: connection.Client) -> str:
+    if not client.peername:
+        return ""
+    host, port, *_ = client.peername
+    return f"{host}:{port}"
+
+
+def _refuse(hook: str, data: Any) -> str:
+    """Make the hook's subject fail closed; returns what was done, for the log line."""
+    if isinstance(data, http.HTTPFlow):
+        if hook in _REQUEST_HOOKS:
+            data.response = _error_response(403, data.request.host)
+            return "request refused"
+        if hook in _RESPONSE_HOOKS:
+            data.response = _error_response(502, data.request.host)
+            return "response replaced"
+    elif isinstance(data, tls.ClientHelloData):
+        # Neither intercept nor forward: the passthrough layer's upstream connection
+        # is refused before it opens, which closes the client's.
+        data.ignore_connection = True
+        data.context.server.error = f"egress: {policy.INTERNAL_ERROR}"
+        return "tunnel refused"
+    elif isinstance(data, server_hooks.ServerConnectionHookData) and hook == "server_connect":
+        data.server.error = f"egress: {policy.INTERNAL_ERROR}"
+        return "upstream connection refused"
+    elif isinstance(data, connection.Client) and hook == "client_connected":
+        data.error = f"egress: {policy.INTERNAL_ERROR}"
+        return "client connection refused"
+    return "nothing to refuse"
+
+
+def _error_response(status: int, host: str) -> http.Response:
+    reason = policy.INTERNAL_ERROR
+    return http.Response.make(
+        status,
+        policy.deny_body(reason, host[:255]),
+        {"Content-Type": "application/json", "X-Egress-Denied": reason, "Connection": "close"},
+    )
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    last = frames[-1]
+    return f"{os.path.basename(last.filename)}:{last.lineno} in {last.name}"
+
+
+def _handle(owner: str, hook: str, data: Any, exc: Exception) -> None:
+    INTERNAL_ERRORS.labels(hook).inc()
+    action = _refuse(hook, data)
+    host, client = _subject(data)
+    # The exception's message is left out on purpose: it may quote a header value.
+    logger.error(
+        "internal error in %s.%s (%s at %s), %s (fail closed): host=%s client=%s",
+        owner, hook, type(exc).__name__, _where(exc), action, host[:255] or "-", client or "-",
+    )  # fmt: skip
+
+
+def _wrap(owner: str, hook: str, func: Callable, fault_host: str | None | bool) -> Callable:
+    def maybe_fault(data: Any) -> None:
+        if fault_host is not False and (fault_host is None or _subject(data)[0].lower() == fault_host):
+            raise InjectedFault(f"{TEST_FAULT_ENV}: {hook}")
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def guarded_async(data: Any, *rest: Any) -> Any:
+            try:
+                maybe_fault(data)
+                return await func(data, *rest)
+            except Exception as exc:
+                _handle(owner, hook, data, exc)
+
+        return guarded_async
+
+    @functools.wraps(func)
+    def guarded(data: Any, *rest: Any) -> Any:
+        try:
+            maybe_fault(data)
+            return func(data, *rest)
+        except Exception as exc:
+            _handle(owner, hook, data, exc)
+
+    return guarded
+
+
+def fail_closed[A](addon: A) -> A:
+    """Wrap every event hook `addon` defines (instance attributes shadow the class's methods)."""
+    faults = _test_faults()
+    owner = type(addon).__name__
+    for name in hooks.all_hooks:
+        if name in _LIFECYCLE_HOOKS:
+            continue
+        func = getattr(addon, name, None)
+        if not callable(func):
+            continue
+        key = f"{owner}.{name}" if f"{owner}.{name}" in faults else name
+        fault_host: str | None | bool = faults[key] if key in faults else False
+        setattr(addon, name, _wrap(owner, name, func, fault_host))
+    return addon

@@ -1,0 +1,305 @@
+"""ConnectionLimits: timeouts and caps, so one sandbox cannot starve the others.
+
+Hook by hook:
+- `client_connected`    refuse a connection over `egress_max_connections` (all
+                        clients) or `egress_max_connections_per_client` (one
+                        client address); arm the request-head deadline.
+- `http_connect`, `requestheaders`, `tls_clienthello`, `response`, `error`
+                        keep that deadline: a connection with no request in
+                        flight must deliver a complete request head within
+                        `egress_header_timeout` (slowloris, idle keep-alive);
+                        passthrough tunnels and WebSockets are exempt (opaque bytes,
+                        mitmproxy's `tcp_timeout` closes them when idle).
+- `server_connect`      the upstream TCP connect must finish within
+                        `egress_connect_timeout`, else 502 naming the timeout.
+- `request`             the upstream must start answering within
+                        `egress_read_timeout` of the request: 504 (plain HTTP/1
+                        upstreams) or 502 (TLS or HTTP/2 upstreams, where
+                        mitmproxy only reports a lost upstream as 502).
+
+mitmproxy 12 reads HTTP/1 heads without a size limit (`_http1.py`: "FIXME: protect
+against header size DoS"); `install_head_limit` bounds them at
+`egress_max_header_bytes`: 431 to the client, 502 for an upstream's response head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+
+from mitmproxy import connection, ctx, http, tls
+from mitmproxy.proxy import commands, events, server_hooks
+from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
+from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
+from prometheus_client import Counter
+
+logger = logging.getLogger(__name__)
+
+REFUSED = Counter(
+    "egress_connections_refused",
+    "Client connections refused at accept because a connection limit was reached.",
+    ["limit"],
+)
+TIMEOUTS = Counter(
+    "egress_timeouts",
+    "Connections or requests ended by a proxy timeout (connect, read, header).",
+    ["kind"],
+)
+READ_TIMEOUT = "read_timeout"
+
+
+@dataclass
+class _Slot:
+    address: str
+    deadline: asyncio.TimerHandle | None = None
+    in_flight: int = 0
+    opaque: bool = False  # passthrough tunnel or WebSocket: no more request heads
+
+
+class ConnectionLimits:
+    def __init__(self) -> None:
+        self.slots: dict[str, _Slot] = {}
+        self.per_address: dict[str, int] = {}
+        self._connect_timers: dict[str, asyncio.TimerHandle] = {}
+        self._read_timers: dict[str, asyncio.TimerHandle] = {}
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "egress_connect_timeout", int, 10,
+            "Seconds an upstream TCP connect may take before the client gets 502.",
+        )  # fmt: skip
+        loader.add_option(
+            "egress_read_timeout", int, 120,
+            "Seconds the upstream may take to start its response after the request was sent; "
+            "then 504 (502 for TLS or HTTP/2 upstreams). Keep it below tcp_timeout.",
+        )  # fmt: skip
+        loader.add_option(
+            "egress_header_timeout", int, 30,
+            "Seconds a client connection with no request in flight has to deliver a complete "
+            "request head (slow or idle clients are closed). 0 disables.",
+        )  # fmt: skip
+        loader.add_option(
+            "egress_max_connections", int, 4096,
+            "Client connections open at once, all clients together; more are closed at accept. 0 disables.",
+        )  # fmt: skip
+        loader.add_option(
+            "egress_max_connections_per_client", int, 256,
+            "Client connections open at once from one client address; more are closed at accept. 0 disables.",
+        )  # fmt: skip
+        loader.add_option(
+            "egress_max_header_bytes", int, 65536,
+            "Largest HTTP/1 request or response head (request line and headers) in bytes: 431 to the client.",
+        )  # fmt: skip
+        install_head_limit()
+
+    def configure(self, updated: set[str]) -> None:
+        if "egress_max_header_bytes" in updated:
+            _HeadLimit.max_bytes = ctx.options.egress_max_header_bytes
+
+    # -- connection caps and the request-head deadline -----------------------------
+    def client_connected(self, client: connection.Client) -> None:
+        address = str(client.peername[0]) if client.peername else ""
+        total, per_client = ctx.options.egress_max_connections, ctx.options.egress_max_connections_per_client
+        if total and len(self.slots) >= total:
+            return self._refuse(client, "total", total)
+        if per_client and self.per_address.get(address, 0) >= per_client:
+            return self._refuse(client, "per_client", per_client)
+        self.slots[client.id] = _Slot(address)
+        self.per_address[address] = self.per_address.get(address, 0) + 1
+        self._arm(client)
+
+    @staticmethod
+    def _refuse(client: connection.Client, limit: str, value: int) -> None:
+        REFUSED.labels(limit).inc()
+        client.error = f"egress: connection limit ({limit}={value})"
+        logger.warning("refused connection from %s: %s connection limit %d reached", client.peername[0], limit, value)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        slot = self.slots.pop(client.id, None)
+        if slot is None:
+            return
+        self._disarm(slot)
+        left = self.per_address.get(slot.address, 1) - 1
+        if left > 0:
+            self.per_address[slot.address] = left
+        else:
+            self.per_address.pop(slot.address, None)
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        # What travels in the tunnel (TLS handshake, first request) gets its own deadline.
+        self._arm(flow.client_conn)
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        slot = self.slots.get(data.context.client.id)
+        if slot is not None and data.ignore_connection:  # passthrough: opaque from here on
+            slot.opaque = True
+            self._disarm(slot)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        slot = self.slots.get(flow.client_conn.id)
+        if slot is not None and flow.request.method != "CONNECT":
+            slot.in_flight += 1
+            self._disarm(slot)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._flow_done(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._flow_done(flow)
+
+    def _flow_done(self, flow: http.HTTPFlow) -> None:
+        self._cancel(self._read_timers, flow.id)
+        slot = self.slots.get(flow.client_conn.id)
+        if slot is None or flow.request.method == "CONNECT":
+            return
+        slot.in_flight = max(0, slot.in_flight - 1)
+        if flow.websocket is not None:
+            slot.opaque = True
+        if slot.in_flight == 0 and not slot.opaque:
+            self._arm(flow.client_conn)
+
+    def _arm(self, client: connection.Client) -> None:
+        slot = self.slots.get(client.id)
+        seconds = ctx.options.egress_header_timeout
+        if slot is None or slot.opaque or not seconds:
+            return
+        self._disarm(slot)
+        slot.deadline = asyncio.get_running_loop().call_later(seconds, self._header_expired, client, seconds)
+
+    @staticmethod
+    def _disarm(slot: _Slot) -> None:
+        if slot.deadline is not None:
+            slot.deadline.cancel()
+            slot.deadline = None
+
+    def _header_expired(self, client: connection.Client, seconds: int) -> None:
+        slot = self.slots.get(client.id)
+        if slot is None:
+            return
+        slot.deadline = None
+        TIMEOUTS.labels("header").inc()
+        logger.info("closed connection from %s: no complete request head within %ss", client.peername[0], seconds)
+        _cancel_transport(client, client, f"egress: no request head within {seconds}s")
+
+    # -- upstream connect and read timeouts ---------------------------------------
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        seconds = ctx.options.egress_connect_timeout
+        if data.server.error or not seconds:
+            return
+        loop = asyncio.get_running_loop()
+        self._connect_timers[data.server.id] = loop.call_later(
+            seconds, self._connect_expired, data.client, data.server, seconds
+        )
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self._cancel(self._connect_timers, data.server.id)
+
+    server_connect_error = server_connected
+
+    def _connect_expired(self, client: connection.Client, server: connection.Server, seconds: int) -> None:
+        self._connect_timers.pop(server.id, None)
+        if server.timestamp_tcp_setup is not None:  # connected just now
+            return
+        TIMEOUTS.labels("connect").inc()
+        logger.warning("upstream connect timed out after %ss (port %s)", seconds, server.address[1] if server.address else "?")
+        # mitmproxy turns the failed connect into 502 with this text as the reason.
+        _cancel_transport(client, server, f"egress: upstream connect timed out after {seconds}s")
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        seconds = ctx.options.egress_read_timeout
+        if flow.response is not None or not seconds:
+            return
+        self._read_timers[flow.id] = asyncio.get_running_loop().call_later(seconds, self._read_expired, flow, seconds)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        self._cancel(self._read_timers, flow.id)
+
+    def _read_expired(self, flow: http.HTTPFlow, seconds: int) -> None:
+        self._read_timers.pop(flow.id, None)
+        if flow.response is not None or flow.error is not None or not flow.live:
+            return
+        TIMEOUTS.labels("read").inc()
+        server = flow.server_conn
+        logger.warning("upstream sent no response within %ss (port %s)", seconds, flow.request.port)
+        handler = _handler(flow.client_conn)
+        if handler is None:
+            return
+        if server.connected and not server.tls and server.alpn in (None, b"", b"http/1.1") and server in handler.transports:
+            # Plain HTTP/1: answer as the upstream would have, so the client gets a real
+            # 504 through the normal response path; `Connection: close` drops the upstream.
+            answer = _gateway_timeout(flow.request.host, seconds)
+            task = asyncio.get_running_loop().create_task(handler.server_event(events.DataReceived(server, answer)))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+        else:
+            _cancel_transport(flow.client_conn, server, f"egress: upstream read timed out after {seconds}s")
+
+    @staticmethod
+    def _cancel(timers: dict[str, asyncio.TimerHandle], key: str) -> None:
+        if (timer := timers.pop(key, None)) is not None:
+            timer.cancel()
+
+
+_background: set[asyncio.Task] = set()
+
+
+def _handler(client: connection.Client):
+    return ctx.master.addons.get("proxyserver").connections.get(client.id)
+
+
+def _cancel_transport(client: connection.Client, conn: connection.Connection, reason: str) -> None:
+    """End one connection's I/O task the way mitmproxy's own inactivity timeout does."""
+    handler = _handler(client)
+    io = handler.transports.get(conn) if handler is not None else None
+    if io is not None and io.handler is not None:
+        io.handler.cancel(reason)
+
+
+def _gateway_timeout(host: str, seconds: int) -> bytes:
+    body = json.dumps({"error": "upstream_error", "reason": READ_TIMEOUT, "host": host[:255]}).encode()
+    head = (
+        "HTTP/1.1 504 Gateway Timeout\r\n"
+        "Content-Type: application/json\r\n"
+        f"X-Egress-Error: {READ_TIMEOUT}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class _HeadLimit:
+    max_bytes = 65536
+    installed = False
+
+
+def install_head_limit() -> None:
+    """Bound the bytes mitmproxy buffers while waiting for a complete HTTP/1 head."""
+    if _HeadLimit.installed:
+        return
+    _HeadLimit.installed = True
+    server_read, client_read = _http1.Http1Server.read_headers, _http1.Http1Client.read_headers
+
+    def server_read_headers(self, event):
+        yield from server_read(self, event)
+        if self.state == self.read_headers and len(self.buf) > _HeadLimit.max_bytes:
+            yield commands.Log(f"request head over {_HeadLimit.max_bytes} bytes: 431", logging.INFO)
+            yield commands.SendData(self.conn, _http1.make_error_response(431, "request header fields too large"))
+            yield commands.CloseConnection(self.conn)
+            self.state = self.done
+
+    def client_read_headers(self, event):
+        yield from client_read(self, event)
+        if self.state == self.read_headers and len(self.buf) > _HeadLimit.max_bytes and self.stream_id:
+            yield commands.CloseConnection(self.conn)
+            yield ReceiveHttp(
+                ResponseProtocolError(
+                    self.stream_id, f"response head over {_HeadLimit.max_bytes} bytes", ErrorCode.GENERIC_SERVER_ERROR
+                )
+            )
+            self.state = self.done
+
+    _http1.Http1Server.read_headers = server_read_headers
+    _http1.Http1Client.read_headers = client_read_headers
