@@ -12,7 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "egress-proxy"
-CI_VALUES = {p.stem.removesuffix("-values"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))}
+CI_VALUES = {
+    p.stem.removesuffix("-values"): p
+    for p in sorted((CHART / "ci").glob("*-values.yaml"))
+}
 BIN = Path(sys.executable).parent
 
 
@@ -23,7 +26,9 @@ def find_tool(name: str) -> str:
         return str(local)
     found = shutil.which(name)
     if not found:
-        pytest.fail(f"{name} not found next to {sys.executable} or on PATH (scripts/install.sh --test installs it)")
+        pytest.fail(
+            f"{name} not found next to {sys.executable} or on PATH (scripts/install.sh --test installs it)"
+        )
     return found
 
 
@@ -33,12 +38,18 @@ def find_helm() -> str:
         return str(local)
     found = shutil.which("helm")
     if not found:
-        pytest.fail("helm not found at .tools/helm or on PATH: run scripts/fetch-helm.sh")
+        pytest.fail(
+            "helm not found at .tools/helm or on PATH: run scripts/fetch-helm.sh"
+        )
     return found
 
 
 def helm_template(
-    helm: str, *values_files: Path, set_values: dict[str, str] | None = None, chart: Path = CHART, extra=()
+    helm: str,
+    *values_files: Path,
+    set_values: dict[str, str] | None = None,
+    chart: Path = CHART,
+    extra=(),
 ) -> subprocess.CompletedProcess[str]:
     cmd = [helm, "template", "rel", str(chart), "--namespace", "sandboxes"]
     for f in values_files:
@@ -46,7 +57,7 @@ def helm_template(
     for key, value in (set_values or {}).items():
         cmd += ["--set-string" if isinstance(value, str) else "--set", f"{key}={value}"]
     cmd += list(extra)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -54,8 +65,12 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 
 
 def one(docs: list[dict], kind: str, name_suffix: str = "") -> dict:
-    found = [d for d in by_kind(docs, kind) if d["metadata"]["name"].endswith(name_suffix)]
-    assert len(found) == 1, f"expected one {kind} named *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
+    found = [
+        d for d in by_kind(docs, kind) if d["metadata"]["name"].endswith(name_suffix)
+    ]
+    assert len(found) == 1, (
+        f"expected one {kind} named *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
+    )
     return found[0]
 
 
@@ -69,5 +84,7 @@ def all_containers(spec: dict) -> list[dict]:
 
 def container(spec: dict, name: str) -> dict:
     found = [c for c in all_containers(spec) if c["name"] == name]
-    assert len(found) == 1, f"container {name!r}: {[c['name'] for c in all_containers(spec)]}"
+    assert len(found) == 1, (
+        f"container {name!r}: {[c['name'] for c in all_containers(spec)]}"
+    )
     return found[0]

@@ -21,8 +21,15 @@ def helm() -> str:
 def render(helm: str) -> Render:
     """`helm template` → list of manifests (dicts), in output order; fails the test on a render error."""
 
-    def _render(*values_files: Path, set_values: dict | None = None, chart: Path = CHART, extra=()) -> list[dict]:
-        out = helm_template(helm, *values_files, set_values=set_values, chart=chart, extra=extra)
+    def _render(
+        *values_files: Path,
+        set_values: dict | None = None,
+        chart: Path = CHART,
+        extra=(),
+    ) -> list[dict]:
+        out = helm_template(
+            helm, *values_files, set_values=set_values, chart=chart, extra=extra
+        )
         assert out.returncode == 0, out.stderr
         return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 

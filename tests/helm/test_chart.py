@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -60,7 +61,7 @@ def test_helm_lint_strict(helm, pattern):
     cmd = [helm, "lint", "--strict", str(CHART)]
     for f in PATTERNS[pattern]:
         cmd += ["-f", str(f)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "0 chart(s) failed" in out.stdout
     assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout
@@ -76,7 +77,11 @@ CA_SOURCES = {
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("ca_source", CA_SOURCES)
 def test_manifests_valid_for_kubernetes(render, tmp_path, pattern, ca_source):
-    extra = [write_values(tmp_path, "ca", CA_SOURCES[ca_source])] if CA_SOURCES[ca_source] else []
+    extra = (
+        [write_values(tmp_path, "ca", CA_SOURCES[ca_source])]
+        if CA_SOURCES[ca_source]
+        else []
+    )
     docs = render(*PATTERNS[pattern], *extra)
     core = [d for d in docs if not d["apiVersion"].startswith(CRD_GROUPS)]
     assert core
@@ -87,22 +92,48 @@ def test_manifests_valid_for_kubernetes(render, tmp_path, pattern, ca_source):
         files.append(str(path))
     for version in KUBERNETES_VERSIONS:
         out = subprocess.run(
-            [find_tool("kubernetes-validate"), "--strict", "--quiet", "-k", version, *files],
+            [
+                find_tool("kubernetes-validate"),
+                "--strict",
+                "--quiet",
+                "-k",
+                version,
+                *files,
+            ],
+            check=False,
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"},  # offline
+            env={
+                **os.environ,
+                "HTTPS_PROXY": "http://127.0.0.1:9",
+                "HTTP_PROXY": "http://127.0.0.1:9",
+            },  # offline
         )
         assert out.returncode == 0, f"kubernetes {version}:\n{out.stdout}{out.stderr}"
 
 
 def test_kubernetes_validate_rejects_a_broken_manifest(tmp_path):
     """The validation above would catch a mistake: an unknown field under --strict."""
-    bad = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {}, "dta": {}}
+    bad = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "x"},
+        "data": {},
+        "dta": {},
+    }
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad), encoding="utf-8")
     out = subprocess.run(
-        [find_tool("kubernetes-validate"), "--strict", "--quiet", "-k", KUBERNETES_VERSIONS[0], str(path)],
+        [
+            find_tool("kubernetes-validate"),
+            "--strict",
+            "--quiet",
+            "-k",
+            KUBERNETES_VERSIONS[0],
+            str(path),
+        ],
+        check=False,
         capture_output=True,
         text=True,
         timeout=60,
@@ -117,8 +148,13 @@ def test_crd_resources(render):
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     service = one(docs, "Service")
     port_names = {p["name"] for p in service["spec"]["ports"]}
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"] and "metrics" in port_names
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items()
+        <= service["metadata"]["labels"].items()
+    )
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [
+        "metrics"
+    ] and "metrics" in port_names
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
     docs = render(set_values={"ca.source": "certManager"})
@@ -126,11 +162,19 @@ def test_crd_resources(render):
     issuer = one(docs, "Issuer")
     assert cert["apiVersion"] == issuer["apiVersion"] == "cert-manager.io/v1"
     assert cert["spec"]["isCA"] is True and "cert sign" in cert["spec"]["usages"]
-    assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer", "group": "cert-manager.io"}
+    assert cert["spec"]["issuerRef"] == {
+        "name": issuer["metadata"]["name"],
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
     assert "selfSigned" in issuer["spec"]
-    ca_volume = next(v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca")
+    ca_volume = next(
+        v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca"
+    )
     assert ca_volume["secret"]["secretName"] == cert["spec"]["secretName"]
-    assert not by_kind(docs, "Secret"), "cert-manager writes the CA Secret, the chart must not"
+    assert not by_kind(docs, "Secret"), (
+        "cert-manager writes the CA Secret, the chart must not"
+    )
 
 
 # --- spec ConfigMap, secrets ---------------------------------------------------------------
@@ -148,7 +192,9 @@ def _secret_mounts(spec: dict, container_name: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("pattern", ["gateway", "sidecar"])
-def test_spec_configmap_accepted_by_check_and_secrets_only_referenced(render, tmp_path, pattern):
+def test_spec_configmap_accepted_by_check_and_secrets_only_referenced(
+    render, tmp_path, pattern
+):
     values = yaml.safe_load(CI_VALUES[pattern].read_text(encoding="utf-8"))
     docs = render(CI_VALUES[pattern])
     spec_text = one(docs, "ConfigMap", "-spec")["data"]["spec.yaml"]
@@ -161,7 +207,9 @@ def test_spec_configmap_accepted_by_check_and_secrets_only_referenced(render, tm
     secret_values = {}
     for ref in refs:
         directory, _, key = ref.rpartition("/")
-        assert directory in mounts, f"${{file:{ref}}} is not inside a mounted Secret ({sorted(mounts)})"
+        assert directory in mounts, (
+            f"${{file:{ref}}} is not inside a mounted Secret ({sorted(mounts)})"
+        )
         # What kubelet would put there: test values that must never show up in a manifest.
         secret_values[ref] = f"sk-test-{mounts[directory]}-{key}-do-not-render"
 
@@ -172,12 +220,22 @@ def test_spec_configmap_accepted_by_check_and_secrets_only_referenced(render, tm
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(value + "\n", encoding="utf-8")
     local_spec = tmp_path / "spec.yaml"
-    local_spec.write_text(FILE_REF.sub(lambda m: f"${{file:{root}{m.group(1)}}}", spec_text), encoding="utf-8")
+    local_spec.write_text(
+        FILE_REF.sub(lambda m: f"${{file:{root}{m.group(1)}}}", spec_text),
+        encoding="utf-8",
+    )
     out = subprocess.run(
-        [find_tool("egress-proxy"), "check", "--spec", str(local_spec)], capture_output=True, text=True, timeout=60
+        [find_tool("egress-proxy"), "check", "--spec", str(local_spec)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert f"{len(values['environment']['network']['allowlist'])} allowlist entries" in out.stdout
+    assert (
+        f"{len(values['environment']['network']['allowlist'])} allowlist entries"
+        in out.stdout
+    )
 
     # The spec in the ConfigMap is the one from values, secrets as references only.
     assert yaml.safe_load(spec_text) == values["environment"]
@@ -196,29 +254,46 @@ def test_no_manifest_contains_a_transform_secret(helm, render, tmp_path):
     secret = "sk-live-0123456789abcdef"
     leaky = {
         "environment": {
-            "network": {"allowlist": [{"domain": "api.example.com", "transform": {"Authorization": f"Bearer {secret}"}}]}
+            "network": {
+                "allowlist": [
+                    {
+                        "domain": "api.example.com",
+                        "transform": {"Authorization": f"Bearer {secret}"},
+                    }
+                ]
+            }
         }
     }
     path = write_values(tmp_path, "leaky", leaky)
     out = helm_template(helm, path)
-    assert out.returncode != 0 and "transform" in out.stderr and secret not in out.stdout
+    assert (
+        out.returncode != 0 and "transform" in out.stderr and secret not in out.stdout
+    )
     out = helm_template(helm, path, extra=["--skip-schema-validation"])
     assert out.returncode != 0 and secret not in out.stdout
     assert "must reference a secret" in out.stderr and secret not in out.stderr
     # The bare `network` form of the spec is guarded the same way.
-    bare = write_values(tmp_path, "bare", {"environment": leaky["environment"]["network"]})
+    bare = write_values(
+        tmp_path, "bare", {"environment": leaky["environment"]["network"]}
+    )
     out = helm_template(helm, bare, extra=["--skip-schema-validation"])
-    assert out.returncode != 0 and "environment.allowlist[0].transform.Authorization" in out.stderr
+    assert (
+        out.returncode != 0
+        and "environment.allowlist[0].transform.Authorization" in out.stderr
+    )
 
-    for pattern in PATTERNS:
-        for doc in render(*PATTERNS[pattern]):
+    for files in PATTERNS.values():
+        for doc in render(*files):
             if doc["kind"] in ("ConfigMap", "Secret"):
                 data = doc.get("data", {})
                 text = "\n".join(
-                    base64.b64decode(v).decode() if doc["kind"] == "Secret" else v for v in data.values()
+                    base64.b64decode(v).decode() if doc["kind"] == "Secret" else v
+                    for v in data.values()
                 )
                 # Only the CA (generated by helm) may live in a Secret; nothing in a ConfigMap is a key.
-                assert "PRIVATE KEY" not in text or doc["kind"] == "Secret", doc["metadata"]["name"]
+                assert "PRIVATE KEY" not in text or doc["kind"] == "Secret", doc[
+                    "metadata"
+                ]["name"]
 
 
 # --- CA ------------------------------------------------------------------------------------
@@ -230,21 +305,34 @@ def test_generated_ca_is_shared_and_published_without_key(render):
     assert secret["type"] == "kubernetes.io/tls"
     crt = base64.b64decode(secret["data"]["tls.crt"])
     published = one(docs, "ConfigMap", "-ca-cert")["data"]
-    assert list(published) == ["ca.crt"] and published["ca.crt"].strip() == crt.decode().strip()
+    assert (
+        list(published) == ["ca.crt"]
+        and published["ca.crt"].strip() == crt.decode().strip()
+    )
     cert = x509.load_pem_x509_certificate(crt)
-    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert (
+        cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    )
     # One Secret for all replicas: the Deployment mounts exactly this one.
-    ca_volume = next(v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca")
+    ca_volume = next(
+        v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca"
+    )
     assert ca_volume["secret"]["secretName"] == secret["metadata"]["name"]
 
 
 def test_existing_ca_secret_published_from_values(render, tmp_path):
     pem = one(render(), "ConfigMap", "-ca-cert")["data"]["ca.crt"]
-    values = write_values(tmp_path, "ca", {"ca": {"source": "secret", "secretName": "corp-ca", "certificate": pem}})
+    values = write_values(
+        tmp_path,
+        "ca",
+        {"ca": {"source": "secret", "secretName": "corp-ca", "certificate": pem}},
+    )
     docs = render(values)
     assert not by_kind(docs, "Secret")
     assert one(docs, "ConfigMap", "-ca-cert")["data"]["ca.crt"].strip() == pem.strip()
-    ca_volume = next(v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca")
+    ca_volume = next(
+        v for v in pod_spec(one(docs, "Deployment"))["volumes"] if v["name"] == "ca"
+    )
     assert ca_volume["secret"]["secretName"] == "corp-ca"
 
 
@@ -261,7 +349,9 @@ def test_pod_security(render, pattern):
         assert sc["allowPrivilegeEscalation"] is False, c["name"]
         assert sc["readOnlyRootFilesystem"] is True, c["name"]
         assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
-        assert sc.get("seccompProfile", spec["securityContext"].get("seccompProfile")) == {"type": "RuntimeDefault"}
+        assert sc.get(
+            "seccompProfile", spec["securityContext"].get("seccompProfile")
+        ) == {"type": "RuntimeDefault"}
         assert not sc.get("privileged"), c["name"]
         assert "resources" in c and c["resources"]["limits"]["memory"], c["name"]
         if c["name"] == "redirect-rules":
@@ -271,7 +361,10 @@ def test_pod_security(render, pattern):
             assert "add" not in sc["capabilities"], c["name"]
             uid = sc.get("runAsUser", spec["securityContext"].get("runAsUser"))
             assert uid and uid != 0, c["name"]
-            assert sc.get("runAsNonRoot", spec["securityContext"].get("runAsNonRoot")) is True, c["name"]
+            assert (
+                sc.get("runAsNonRoot", spec["securityContext"].get("runAsNonRoot"))
+                is True
+            ), c["name"]
 
 
 def test_gateway_objects(render):
@@ -282,7 +375,10 @@ def test_gateway_objects(render):
     assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "9090"
+    assert (
+        annotations["prometheus.io/scrape"] == "true"
+        and annotations["prometheus.io/port"] == "9090"
+    )
     assert {t["topologyKey"] for t in spec["topologySpreadConstraints"]} == {
         "topology.kubernetes.io/zone",
         "kubernetes.io/hostname",
@@ -305,8 +401,12 @@ def test_network_policy_lets_sandboxes_reach_only_the_proxy_and_dns(render):
     to_proxy, to_dns = sandbox["egress"]
     selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
     assert to_proxy["to"] == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sandboxes"}},
-         "podSelector": {"matchLabels": selector}}
+        {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": "sandboxes"}
+            },
+            "podSelector": {"matchLabels": selector},
+        }
     ]
     assert to_proxy["ports"] == [{"port": 8080, "protocol": "TCP"}]
     assert {p["port"] for p in to_dns["ports"]} == {53}
@@ -326,13 +426,21 @@ def test_spec_configmap_mounted_for_reload(render):
         workload = one(docs, "Deployment")
         spec = pod_spec(workload)
         proxy = container(spec, "egress-proxy")
-        spec_volume = next(v for v in spec["volumes"] if v.get("configMap", {}).get("name", "").endswith("-spec"))
-        mount = next(m for m in proxy["volumeMounts"] if m["name"] == spec_volume["name"])
+        spec_volume = next(
+            v
+            for v in spec["volumes"]
+            if v.get("configMap", {}).get("name", "").endswith("-spec")
+        )
+        mount = next(
+            m for m in proxy["volumeMounts"] if m["name"] == spec_volume["name"]
+        )
         assert "subPath" not in mount
         spec_arg = proxy["args"][proxy["args"].index("--spec") + 1]
         assert spec_arg == f"{mount['mountPath']}/spec.yaml"
         for m in proxy["volumeMounts"]:
-            assert "subPath" not in m, "secret rotation and spec updates need directory mounts"
+            assert "subPath" not in m, (
+                "secret rotation and spec updates need directory mounts"
+            )
         annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
         spec_text = one(docs, "ConfigMap", "-spec")["data"]["spec.yaml"]
         assert not any("spec" in k for k in annotations), annotations
@@ -360,7 +468,16 @@ BAD_VALUES = {
     "unknown pattern": ("pattern", "mesh"),
     "literal transform secret": (
         "environment",
-        {"network": {"allowlist": [{"domain": "a.example.com", "transform": {"Authorization": "Bearer sk-123"}}]}},
+        {
+            "network": {
+                "allowlist": [
+                    {
+                        "domain": "a.example.com",
+                        "transform": {"Authorization": "Bearer sk-123"},
+                    }
+                ]
+            }
+        },
     ),
     "port out of range": ("proxy.port", 70000),
     "root proxy uid": ("sidecar.proxyUid", 0),
@@ -387,7 +504,9 @@ def test_schema_rejects_bad_values(case):
 
 def test_helm_enforces_the_schema(helm, tmp_path):
     out = helm_template(helm, write_values(tmp_path, "bad", {"pattern": "mesh"}))
-    assert out.returncode != 0 and "schema" in out.stderr and "/pattern" in out.stderr, out.stderr
+    assert (
+        out.returncode != 0 and "schema" in out.stderr and "/pattern" in out.stderr
+    ), out.stderr
     out = helm_template(helm, write_values(tmp_path, "bad", {"proxy": {"port": 0}}))
     assert out.returncode != 0 and "/proxy/port" in out.stderr, out.stderr
 
@@ -397,7 +516,13 @@ def test_helm_enforces_the_schema(helm, tmp_path):
 
 def _redirect_rules_available() -> str:
     exe = find_tool("egress-proxy")
-    out = subprocess.run([exe, "redirect-rules", "--help"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [exe, "redirect-rules", "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if out.returncode != 0:
         pytest.fail(
             "`egress-proxy redirect-rules` does not exist in the installed egress-proxy (transparent-mode issue); "
@@ -410,7 +535,11 @@ SIDECAR_CASES = {
     "defaults": {"sidecar": {"dnsServers": ["10.96.0.10"]}},
     "custom": {
         "proxy": {"port": 15001},
-        "sidecar": {"proxyUid": 1337, "proxyMark": "0x539", "dnsServers": ["169.254.20.10", "fd00:10:96::a"]},
+        "sidecar": {
+            "proxyUid": 1337,
+            "proxyMark": "0x539",
+            "dnsServers": ["169.254.20.10", "fd00:10:96::a"],
+        },
     },
 }
 
@@ -430,29 +559,53 @@ def test_sidecar_init_command_equals_redirect_rules_output(render, tmp_path, cas
 
     port = values.get("proxy", {}).get("port", 8080)
     uid = values["sidecar"].get("proxyUid", 10001)
-    expected_args = ["redirect-rules", "--proxy-port", str(port), "--proxy-uid", str(uid)]
+    expected_args = [
+        "redirect-rules",
+        "--proxy-port",
+        str(port),
+        "--proxy-uid",
+        str(uid),
+    ]
     if "proxyMark" in values["sidecar"]:
         expected_args += ["--proxy-mark", values["sidecar"]["proxyMark"]]
     for ip in values["sidecar"]["dnsServers"]:
         expected_args += ["--dns", ip]
-    printed = subprocess.run([exe, *expected_args], capture_output=True, text=True, timeout=30)
+    printed = subprocess.run(
+        [exe, *expected_args], check=False, capture_output=True, text=True, timeout=30
+    )
     assert printed.returncode == 0, printed.stderr
-    rendered = subprocess.run([exe, *init["args"][:-1]], capture_output=True, text=True, timeout=30)
+    rendered = subprocess.run(
+        [exe, *init["args"][:-1]],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert rendered.returncode == 0, rendered.stderr
-    assert rendered.stdout == printed.stdout and "redirect to :%d" % port in printed.stdout
+    assert (
+        rendered.stdout == printed.stdout and f"redirect to :{port}" in printed.stdout
+    )
 
     # The rules exempt exactly the proxy: its UID and its transparent port.
     assert proxy["securityContext"]["runAsUser"] == uid
     assert proxy["args"][proxy["args"].index("--mode") + 1] == "transparent"
-    assert proxy["args"][proxy["args"].index("--listen") + 1] == f"0.0.0.0:{port}"
+    # Loopback only (the redirect targets it; the proxy adds ::1 itself): not reachable from other pods.
+    assert proxy["args"][proxy["args"].index("--listen") + 1] == f"127.0.0.1:{port}"
+    assert [p["name"] for p in proxy["ports"]] == ["metrics"]
     sandbox = container(spec, "sandbox")
     assert sandbox["securityContext"]["runAsUser"] != uid
     # Order: CA, rules, then the proxy (native sidecar) before the sandbox starts.
-    assert [c["name"] for c in spec["initContainers"]] == ["prepare-ca", "redirect-rules", "egress-proxy"]
+    assert [c["name"] for c in spec["initContainers"]] == [
+        "prepare-ca",
+        "redirect-rules",
+        "egress-proxy",
+    ]
     assert proxy["restartPolicy"] == "Always"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a network namespace")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root to create a network namespace"
+)
 def test_sidecar_init_command_applies_with_net_admin_only(render):
     """The rendered init command really loads its rules with nft, in a fresh network
     namespace, holding CAP_NET_ADMIN and nothing else (as the container does)."""
@@ -462,11 +615,10 @@ def test_sidecar_init_command_applies_with_net_admin_only(render):
             pytest.fail(f"{tool} not found (scripts/test.sh installs nftables)")
     spec = pod_spec(one(render(CI_VALUES["sidecar"]), "Deployment", "-sandbox-example"))
     init = container(spec, "redirect-rules")
-    script = (
-        'setpriv --bounding-set=-all,+net_admin --inh-caps=-all --no-new-privs -- "$@" && nft list table inet egress_redirect'
-    )
+    script = 'setpriv --bounding-set=-all,+net_admin --inh-caps=-all --no-new-privs -- "$@" && nft list table inet egress_redirect'
     out = subprocess.run(
         ["unshare", "--net", "sh", "-c", script, "sh", exe, *init["args"]],
+        check=False,
         capture_output=True,
         text=True,
         timeout=30,
@@ -482,7 +634,13 @@ def test_sidecar_templates_can_be_included_from_a_parent_chart(helm, tmp_path):
     shutil.copytree(Path(__file__).parent / "parent-chart", parent)
     (parent / "charts").mkdir()
     shutil.copytree(CHART, parent / "charts" / "egress-proxy")
-    out = subprocess.run([helm, "lint", "--strict", str(parent)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [helm, "lint", "--strict", str(parent)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     out = helm_template(helm, chart=parent)
     assert out.returncode == 0, out.stderr
@@ -543,7 +701,9 @@ def test_rendered_gateway_runs_and_reloads_a_configmap_update(render, tmp_path):
     the proxy becomes ready on /readyz, and a kubelet-style ConfigMap swap is reloaded
     without a restart."""
     port, metrics_port = _free_port(), _free_port()
-    values = write_values(tmp_path, "ports", {"proxy": {"port": port, "metricsPort": metrics_port}})
+    values = write_values(
+        tmp_path, "ports", {"proxy": {"port": port, "metricsPort": metrics_port}}
+    )
     docs = render(CI_VALUES["gateway"], values)
     spec = pod_spec(one(docs, "Deployment"))
     proxy = container(spec, "egress-proxy")
@@ -555,24 +715,39 @@ def test_rendered_gateway_runs_and_reloads_a_configmap_update(render, tmp_path):
 
     # Volumes as kubelet would mount them.
     ca_secret = one(docs, "Secret", "-ca")
-    mounts = {m["name"]: m["mountPath"] for m in proxy["volumeMounts"] + prepare["volumeMounts"]}
+    mounts = {
+        m["name"]: m["mountPath"]
+        for m in proxy["volumeMounts"] + prepare["volumeMounts"]
+    }
     _kubelet_configmap(
-        Path(local(mounts["ca"])), {k: base64.b64decode(v).decode() for k, v in ca_secret["data"].items()}, 1
+        Path(local(mounts["ca"])),
+        {k: base64.b64decode(v).decode() for k, v in ca_secret["data"].items()},
+        1,
     )
     for m in proxy["volumeMounts"]:
         if m["name"].startswith("secret-"):
-            _kubelet_configmap(Path(local(m["mountPath"])), {"token": "t0k3n", "team": "blue"}, 1)
+            _kubelet_configmap(
+                Path(local(m["mountPath"])), {"token": "t0k3n", "team": "blue"}, 1
+            )
     spec_cm = one(docs, "ConfigMap", "-spec")["data"]
     spec_dir = Path(local(mounts["spec"]))
-    rewrite = lambda text: FILE_REF.sub(lambda m: f"${{file:{local(m.group(1))}}}", text)  # noqa: E731
+    rewrite = lambda text: FILE_REF.sub(
+        lambda m: f"${{file:{local(m.group(1))}}}", text
+    )
     _kubelet_configmap(spec_dir, {k: rewrite(v) for k, v in spec_cm.items()}, 1)
     Path(local(mounts["confdir"])).mkdir(parents=True)
     upstream = Path(local(mounts["upstream-ca"]))
-    _kubelet_configmap(upstream, {"ca.crt": base64.b64decode(ca_secret["data"]["ca.crt"]).decode()}, 1)
+    _kubelet_configmap(
+        upstream, {"ca.crt": base64.b64decode(ca_secret["data"]["ca.crt"]).decode()}, 1
+    )
 
     # prepare-ca, as rendered, on the mapped paths.
-    paths = "|".join(re.escape(p) for p in sorted(set(mounts.values()), key=len, reverse=True))
-    script = re.sub(rf"(?<![\w/])({paths})", lambda m: local(m.group(1)), prepare["args"][0])
+    paths = "|".join(
+        re.escape(p) for p in sorted(set(mounts.values()), key=len, reverse=True)
+    )
+    script = re.sub(
+        rf"(?<![\w/])({paths})", lambda m: local(m.group(1)), prepare["args"][0]
+    )
     subprocess.run([*prepare["command"], script], check=True, timeout=30)
     confdir = Path(local(mounts["confdir"]))
     ca_pem = (confdir / "mitmproxy-ca.pem").read_bytes()
@@ -580,7 +755,12 @@ def test_rendered_gateway_runs_and_reloads_a_configmap_update(render, tmp_path):
 
     args = [local(a) if a.startswith("/") else a for a in proxy["args"]]
     args = [a.replace("0.0.0.0:", "127.0.0.1:") for a in args]
-    proc = subprocess.Popen([find_tool("egress-proxy"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [find_tool("egress-proxy"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{metrics_port}"
         deadline = time.monotonic() + 20
@@ -598,7 +778,9 @@ def test_rendered_gateway_runs_and_reloads_a_configmap_update(render, tmp_path):
         new_env["network"]["allowlist"].append({"domain": "files.example.com"})
         _kubelet_configmap(spec_dir, {"spec.yaml": rewrite(yaml.safe_dump(new_env))}, 2)
         deadline = time.monotonic() + 15
-        pattern = re.compile(r'^egress_config_reloads_total\{result="success"\} ([0-9.]+)$', re.M)
+        pattern = re.compile(
+            r'^egress_config_reloads_total\{result="success"\} ([0-9.]+)$', re.MULTILINE
+        )
         while True:
             m = pattern.search(_get(f"{base}/metrics")[1])
             if m and float(m.group(1)) >= 1:
@@ -614,3 +796,73 @@ def test_rendered_gateway_runs_and_reloads_a_configmap_update(render, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# --- README ---------------------------------------------------------------------------------
+
+
+def test_readme_install_command_and_sandbox_pod(helm, tmp_path):
+    """README "Deploy on Kubernetes": the install command renders, and the sandbox pod
+    example is a valid Pod that names the Service, port, CA ConfigMap and label the chart creates."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Deploy on Kubernetes", 1)[1].split("\n## ", 1)[0]
+    install = next(
+        b
+        for b in re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+        if "helm install" in b
+    )
+    command = shlex.split(
+        install.split("helm install", 1)[1].replace("\\\n", " ").split("\n")[0]
+    )
+    release, chart, *flags = command
+    namespace = flags[flags.index("-n") + 1]
+    out = subprocess.run(
+        [helm, "template", release, str(REPO / chart), *flags],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert yaml.safe_load(one(docs, "ConfigMap", "-spec")["data"]["spec.yaml"])[
+        "network"
+    ]["allowlist"][0]["transform"]
+
+    pod = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(pod), encoding="utf-8")
+    valid = subprocess.run(
+        [
+            find_tool("kubernetes-validate"),
+            "--strict",
+            "--quiet",
+            "-k",
+            KUBERNETES_VERSIONS[0],
+            str(path),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert valid.returncode == 0, valid.stdout + valid.stderr
+    service = one(docs, "Service")
+    proxy_port = next(
+        p["port"] for p in service["spec"]["ports"] if p["name"] == "proxy"
+    )
+    env = {e["name"]: e["value"] for e in container(pod["spec"], "sandbox")["env"]}
+    assert (
+        env["HTTPS_PROXY"]
+        == f"http://{service['metadata']['name']}.{namespace}.svc:{proxy_port}"
+    )
+    ca_cm = next(
+        v["configMap"]["name"] for v in pod["spec"]["volumes"] if "configMap" in v
+    )
+    assert ca_cm == one(docs, "ConfigMap", "-ca-cert")["metadata"]["name"]
+    policy = one(docs, "NetworkPolicy", "-sandbox-egress")
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items()
+        <= pod["metadata"]["labels"].items()
+    )
+    assert pod["metadata"]["namespace"] == namespace == policy["metadata"]["namespace"]

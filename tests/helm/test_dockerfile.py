@@ -19,7 +19,11 @@ CONSTRAINTS = REPO / "docker" / "constraints.txt"
 
 def _instructions() -> list[tuple[str, str]]:
     text = re.sub(r"\\\n\s*", " ", DOCKERFILE)
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
 
 
@@ -39,8 +43,14 @@ def _norm(name: str) -> str:
 def test_multi_stage_with_pinned_base():
     froms = [arg for op, arg in _instructions() if op == "FROM"]
     assert len(froms) == 2 and froms[0].endswith(" AS build")
-    base = next(arg for op, arg in _instructions() if op == "ARG" and arg.startswith("PYTHON_IMAGE="))
-    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), base
+    base = next(
+        arg
+        for op, arg in _instructions()
+        if op == "ARG" and arg.startswith("PYTHON_IMAGE=")
+    )
+    assert re.fullmatch(
+        r"PYTHON_IMAGE=python:3\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base
+    ), base
 
 
 def test_runs_as_the_chart_user_with_egress_proxy_entrypoint():
@@ -50,7 +60,9 @@ def test_runs_as_the_chart_user_with_egress_proxy_entrypoint():
     uid = values["podSecurityContext"]["runAsUser"]
     assert user == f"{uid}:{values['podSecurityContext']['runAsGroup']}" and uid != 0
     assert values["sidecar"]["proxyUid"] == uid
-    assert json.loads([arg for op, arg in ops if op == "ENTRYPOINT"][-1]) == ["egress-proxy"]
+    assert json.loads([arg for op, arg in ops if op == "ENTRYPOINT"][-1]) == [
+        "egress-proxy"
+    ]
     # The transparent init container pipes the rules to nft.
     assert "nftables" in DOCKERFILE
 
@@ -59,12 +71,16 @@ def test_constraints_pin_every_runtime_dependency():
     """docker/constraints.txt pins the whole runtime closure; the direct dependencies at
     exactly the versions of pyproject.toml. Regenerate it after changing them."""
     pins = {_norm(k): v for k, v in _pins().items()}
-    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))[
+        "project"
+    ]
     for dep in project["dependencies"]:
         req = Requirement(dep)
         (spec,) = req.specifier
         assert spec.operator == "==", dep
-        assert pins.get(_norm(req.name)) == spec.version, f"{req.name}: {pins.get(_norm(req.name))} != {spec.version}"
+        assert pins.get(_norm(req.name)) == spec.version, (
+            f"{req.name}: {pins.get(_norm(req.name))} != {spec.version}"
+        )
 
     seen: set[str] = set()
 
@@ -86,7 +102,10 @@ def test_constraints_pin_every_runtime_dependency():
 
 def test_build_context_is_minimal():
     """.dockerignore excludes everything but what the Dockerfile copies (no .venv, .git, tests)."""
-    ignore = {line.strip().rstrip("/") for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()}
+    ignore = {
+        line.strip().rstrip("/")
+        for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    }
     assert "*" in ignore
     for op, arg in _instructions():
         if op == "COPY" and not arg.startswith("--from"):

@@ -93,7 +93,12 @@ Call with (dict "root" $ "mode" "regular"|"transparent").
 - --mode
 - {{ .mode }}
 - --listen
+{{- if eq .mode "transparent" }}
+{{- /* Redirected connections arrive on loopback; nothing outside the pod can reach it. */}}
+- {{ printf "127.0.0.1:%d" (int $v.proxy.port) | quote }}
+{{- else }}
 - {{ printf "0.0.0.0:%d" (int $v.proxy.port) | quote }}
+{{- end }}
 - --metrics-listen
 - {{ printf "0.0.0.0:%d" (int $v.proxy.metricsPort) | quote }}
 - --confdir
@@ -231,9 +236,11 @@ The proxy container. Call with (dict "root" $ "mode" ... "securityContext" ...
     {{- toYaml . | nindent 4 }}
   {{- end }}
   ports:
+    {{- if eq .mode "regular" }}
     - name: proxy
       containerPort: {{ $v.proxy.port }}
       protocol: TCP
+    {{- end }}
     - name: metrics
       containerPort: {{ $v.proxy.metricsPort }}
       protocol: TCP
