@@ -55,9 +55,9 @@ def parse_resolvers(values: Iterable[str]) -> tuple[list[str], list[str]]:
         try:
             ip = ipaddress.ip_address(text)
         except ValueError:
-            raise RulesError(
-                f"--dns: {value!r} is not an IPv4 or IPv6 address"
-            ) from None
+            ip = None
+        if ip is None or "%" in text:  # nftables has no scoped (fe80::1%eth0) addresses
+            raise RulesError(f"--dns: {value!r} is not an IPv4 or IPv6 address")
         target = v4 if ip.version == 4 else v6
         if str(ip) not in target:
             target.append(str(ip))
