@@ -1,4 +1,5 @@
-"""`egress-proxy`: run the proxy, or check a spec (SPEC §6).
+"""`egress-proxy`: run the proxy, check a spec (SPEC §6), or print / apply the
+nftables rules that send a sandbox namespace through a transparent proxy.
 
 Every failure the user can cause ends in one clear line per problem and a
 non-zero exit, never a traceback.
