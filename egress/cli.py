@@ -54,6 +54,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _workers(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers (1-256)")
+    return int(text)
+
+
 class UsageError(Exception):
     pass
 
@@ -106,6 +112,10 @@ def _build_parser() -> argparse.ArgumentParser:
     for flag, default, help_text in _LIMIT_FLAGS:
         limits.add_argument(flag, type=_count, default=default, metavar="N", help=f"{help_text} (default {default})")
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
+    run.add_argument(
+        "--workers", type=_workers, default=1, metavar="N",
+        help="proxy processes sharing the listen port (SO_REUSEPORT), one CA and one /metrics (default 1)",
+    )  # fmt: skip
 
     check = commands.add_parser("check", help="validate a spec; one line per problem")
     check.add_argument("--spec", required=True)
@@ -184,7 +194,11 @@ def _upstream_bundle(confdir: Path, extra: str) -> str:
     if "-----BEGIN CERTIFICATE-----" not in extra_pem:
         raise UsageError(f"--upstream-ca {extra}: no PEM certificate in file")
     bundle = confdir / "egress-upstream-ca.pem"
-    bundle.write_text(Path(certifi.where()).read_text(encoding="ascii") + "\n" + extra_pem, encoding="ascii")
+    # Written aside and renamed: with --workers, a worker starting later rewrites the
+    # file while another may be reading it.
+    partial = confdir / f".egress-upstream-ca.pem.{os.getpid()}"
+    partial.write_text(Path(certifi.where()).read_text(encoding="ascii") + "\n" + extra_pem, encoding="ascii")
+    os.replace(partial, bundle)
     return str(bundle)
 
 
@@ -195,9 +209,11 @@ async def _run(args: argparse.Namespace) -> int:
     from egress import metrics
     from egress.metrics_server import serve_metrics
     from egress.reload import SpecHolder
+    from egress import workers
 
+    worker = workers.current()
     try:
-        holder = SpecHolder(args.spec, report_only=args.report_only)
+        holder = SpecHolder(args.spec, report_only=args.report_only, count_reloads=worker is None or worker.counts_reloads)
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -215,11 +231,21 @@ async def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--confdir {confdir}: cannot create ({exc.strerror})") from None
     upstream_ca = _upstream_bundle(confdir, args.upstream_ca) if args.upstream_ca else None
 
-    readiness = Readiness()
-    try:
-        metrics_server = serve_metrics(metrics_host, metrics_port, readiness.ready.is_set)
-    except OSError as exc:
-        raise UsageError(f"--metrics-listen {args.metrics_listen}: cannot listen ({exc.strerror})") from None
+    if worker is None and args.workers > 1:
+        describe = f"{args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}"
+        try:
+            return await workers.supervise(args.workers, args.argv, confdir, metrics_host, metrics_port, describe)
+        except OSError as exc:
+            raise UsageError(f"--metrics-listen {args.metrics_listen}: cannot listen ({exc.strerror})") from None
+    readiness = worker.readiness() if worker else Readiness()
+    metrics_server = None
+    if worker is not None:
+        workers.listen_with_reuseport()  # the supervisor serves /metrics for all workers
+    else:
+        try:
+            metrics_server = serve_metrics(metrics_host, metrics_port, readiness.ready.is_set)
+        except OSError as exc:
+            raise UsageError(f"--metrics-listen {args.metrics_listen}: cannot listen ({exc.strerror})") from None
     try:
         m = build_master(
             holder,
@@ -250,13 +276,15 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         await m.run()
     finally:
-        metrics_server.shutdown()
+        if metrics_server is not None:
+            metrics_server.shutdown()
     # errorcheck has already printed what failed (port in use, bad certificate, ...).
     return 1 if m.addons.get("errorcheck").logger.has_errored else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # --workers starts workers with the same arguments
     try:
         if args.command == "check":
             return cmd_check(args)

@@ -22,6 +22,7 @@ from egress.addons.observe import Timings
 from egress.addons.reloader import SpecReloader
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
+from egress.dispatch import HookDispatcher
 from egress.reload import SpecHolder
 from egress.resolver import LocalAddresses
 
@@ -40,6 +41,7 @@ def build_master(
 ) -> master.Master:
     opts = options.Options()
     m = master.Master(opts, with_termlog=True)
+    HookDispatcher.install(m)  # hooks found once per event name, not per event
     checker = DestinationChecker(lambda: holder.spec, LocalAddresses([listen_host]))
     m.addons.add(
         core.Core(),

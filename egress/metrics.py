@@ -49,10 +49,12 @@ CONFIG_RELOADS = Counter(
 CONFIG_LAST_SUCCESS = Gauge(
     "egress_config_last_reload_success_timestamp_seconds",
     "Unix time of the last successful spec load.",
+    multiprocess_mode="livemax",  # --workers: the latest of the live workers
 )
 ALLOWLIST_ENTRIES = Gauge(
     "egress_allowlist_entries",
     "Entries in the allowlist in force.",
+    multiprocess_mode="livemostrecent",  # --workers: as the worker that loaded last sees it
 )
 BUILD = Info("egress_build", "Versions this proxy was built from.")
 

@@ -6,15 +6,17 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 
-def serve_metrics(host: str, port: int, is_ready: Callable[[], bool]) -> ThreadingHTTPServer:
+def serve_metrics(
+    host: str, port: int, is_ready: Callable[[], bool], registry: CollectorRegistry = REGISTRY
+) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._reply(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 self._reply(200, b"ok\n")
             elif path == "/readyz":

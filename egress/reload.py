@@ -45,9 +45,11 @@ def _log(event: str, **fields: object) -> None:
 class SpecHolder:
     POLL_SECONDS = 0.5
 
-    def __init__(self, path: str | Path, report_only: bool = False):
+    def __init__(self, path: str | Path, report_only: bool = False, count_reloads: bool = True):
         self.path = str(path)
         self.report_only = report_only
+        # With --workers every worker reloads, but only one counts: one reload per pod.
+        self.count_reloads = count_reloads
         self.spec = self._load()  # raises SpecError: a proxy never starts without a valid spec
         self._seen = self._current_fingerprint()
         metrics.init_labels()
@@ -69,13 +71,15 @@ class SpecHolder:
         try:
             spec = self._load()
         except SpecError as exc:
-            metrics.CONFIG_RELOADS.labels("failure").inc()
+            if self.count_reloads:
+                metrics.CONFIG_RELOADS.labels("failure").inc()
             _log("spec_reload_failed", trigger=trigger, problems=exc.problems, kept_entries=len(self.spec.entries))
             self._seen = self._current_fingerprint()  # do not retry the same broken file every poll
             return False
         self.spec = spec
         self._seen = self._current_fingerprint()
-        metrics.CONFIG_RELOADS.labels("success").inc()
+        if self.count_reloads:
+            metrics.CONFIG_RELOADS.labels("success").inc()
         self._in_force(spec)
         _log("spec_reloaded", trigger=trigger, entries=len(spec.entries), mode=spec.mode)
         return True

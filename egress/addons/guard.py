@@ -130,7 +130,14 @@ class DestinationGuard:
             return policy.with_reason(spec, named, policy.HOST_MISMATCH)
 
         decision = tunnel.decision if tunnel is not None else None
-        if decision is None or (host, request.port) not in state.pins:
+        if decision is None and (host, request.port) in state.pins:
+            # Plain HTTP on a kept-alive client connection: the name is checked against
+            # the spec in force, the address already checked for it on this connection is
+            # reused instead of resolving again for every request.
+            decision = policy.check_name(spec, request.host)
+            if not decision.allowed:
+                return decision
+        elif decision is None or (host, request.port) not in state.pins:
             decision, address = await self.checker.check(request.host, request.port)
             if not decision.allowed:
                 return decision
@@ -229,8 +236,12 @@ class DestinationGuard:
     def _restore_address(self, data: server_hooks.ServerConnectionHookData) -> None:
         # mitmproxy reuses upstream connections by comparing addresses with the requested
         # (host, port); put the name back once the socket to the checked IP is open.
+        # `Server.__setattr__` refuses address changes on an open connection, so write
+        # the field directly: the socket stays pinned to the checked IP, only the key
+        # later requests to the same (host, port) are matched against changes. Without
+        # this every request opened (and, over TLS, handshook) a new upstream connection.
         if (original := self._dialing.pop(data.server.id, None)) is not None:
-            data.server.address = original
+            object.__setattr__(data.server, "address", original)
 
     server_connected = _restore_address
     server_connect_error = _restore_address
