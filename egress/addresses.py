@@ -142,10 +142,17 @@ def forbidden_reason(ip: IPAddress, allow_cidrs: Iterable[IPNetwork] = ()) -> st
         return "loopback" if address_class in LOOPBACK_LIKE else "forbidden_address"
     if address_class is AddressClass.GLOBAL:
         return None
-    candidates = (ip, *embedded_ipv4(ip))
-    for network in allow_cidrs:
-        if any(c.version == network.version and c in network for c in candidates):
-            return None
+    allow_cidrs = tuple(allow_cidrs)
+
+    def allowed(a: IPAddress) -> bool:
+        return any(a.version == n.version and a in n for n in allow_cidrs)
+
+    if allowed(ip):
+        return None
+    # Teredo carries two addresses: every non-global one must be allowed, not just any one.
+    inner = embedded_ipv4(ip)
+    if inner and all(_classify_plain(v4) is AddressClass.GLOBAL or allowed(v4) for v4 in inner):
+        return None
     return "forbidden_address"
 
 
@@ -157,7 +164,7 @@ def cidr_problem(network: IPNetwork) -> str | None:
                 return f"overlaps {forbidden} ({address_class.value}), which can never be allowed"
     if network.version == 6:
         for carrier in (_IPV4_MAPPED, _IPV4_COMPATIBLE, _NAT64, _SIX_TO_FOUR, _TEREDO):
-            if network.overlaps(carrier) and network.prefixlen < carrier.prefixlen:
+            if network.overlaps(carrier) and network.prefixlen <= carrier.prefixlen:
                 return f"covers the IPv4-embedding range {carrier}; list the IPv4 range instead"
     if all(_classify_plain(a) is AddressClass.GLOBAL for a in (network.network_address, network.broadcast_address)):
         return "is a global range, which is reachable without allowCidrs"
