@@ -37,8 +37,9 @@ REASONS = (
     INTERNAL_ERROR,
 )
 # Report mode lets would-be blocks pass, except these: the sandbox must never reach
-# the machine it runs on or the proxy itself, not even while a policy is being trialled.
-NEVER_REPORTED = frozenset({LOOPBACK, PROXY_SELF})
+# the machine it runs on or the proxy itself, not even while a policy is being trialled,
+# and a name that did not resolve has no address to let anything pass to.
+NEVER_REPORTED = frozenset({LOOPBACK, PROXY_SELF, RESOLVE_FAILED})
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,7 @@ def is_proxy(address):
         (REPORT, ["203.0.113.9"], None, "proxy_self", "blocked"),
         (REPORT, ["203.0.113.9", "10.1.1.1"], None, "proxy_self", "blocked"),
         (REPORT, ["127.0.0.1", "93.184.216.34"], "93.184.216.34", "", "allowed"),
+        (REPORT, [], None, "resolve_failed", "blocked"),
     ],
 )
 def test_pick_address(spec, addresses, picked, reason, label):
@@ -257,7 +258,8 @@ def test_pick_address_nothing_resolved():
         )
         assert address is None
         assert decision.reason == "resolve_failed"
-        assert decision.label == ("reported" if spec is REPORT else "blocked")
+        # Nothing resolved, nothing to let through: blocked even in report mode.
+        assert decision.label == "blocked" and not decision.allowed
 
 
 def test_pick_address_consumes_iterators():
