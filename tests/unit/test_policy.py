@@ -322,4 +322,4 @@ def test_reason_codes_are_the_public_ones():
         "no_sni",
     }
     assert public <= set(policy.REASONS)
-    assert policy.NEVER_REPORTED == {"loopback", "proxy_self"}
+    assert policy.NEVER_REPORTED == {"loopback", "proxy_self", "resolve_failed"}
