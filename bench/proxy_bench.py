@@ -220,8 +220,12 @@ for name, host in hosts.items():
     out[name] = best
 print(json.dumps(out))
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True, env=_token_env())
     return json.loads(done.stdout)
+
+
+def _token_env() -> dict:
+    return {**os.environ, "BENCH_TOKEN": TOKEN}
 
 
 def load_time(spec_path: Path) -> float:
@@ -233,7 +237,7 @@ t = time.perf_counter()
 load_spec({str(spec_path)!r})
 print(time.perf_counter() - t)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True, env=_token_env())
     return float(done.stdout.strip())
 
 
@@ -475,10 +479,10 @@ def evaluate(throughput, allowlist_rows, allowlist_runs, worker_runs) -> list[Ta
             t.append(Target(f"{SCENARIOS[scenario][0]}: {big:,}-entry / {small}-entry allowlist req/s", f"{r:.2f}×", "≥ 0.95×", r >= 0.95))
     if allowlist_rows:
         big = allowlist_rows[-1]
-        best = min(big["load_yaml"] + big["load_json"])
-        worst = max(big["load_yaml"])
-        t.append(Target(f"{big['entries']:,}-entry spec load time", f"{min(big['load_json']):.2f} s JSON, {min(big['load_yaml']):.2f} s YAML (worst {worst:.2f} s)",
-                        "≤ 2 s", best <= 2 and worst <= 2))  # fmt: skip
+        for fmt in ("json", "yaml"):
+            times = big[f"load_{fmt}"]
+            t.append(Target(f"{big['entries']:,}-entry spec load time, {fmt.upper()}",
+                            " / ".join(f"{x:.2f} s" for x in times), "≤ 2 s", max(times) <= 2))  # fmt: skip
     workers = sorted({r.target for r in worker_runs})
     if len(workers) >= 2:
         for scenario in sorted({r.scenario for r in worker_runs}):

@@ -21,6 +21,9 @@ from egress import secrets
 from egress.addresses import IPNetwork, cidr_problem
 from egress.domains import Allowlist, DomainPattern, HostError, parse_pattern
 
+# libyaml's parser when PyYAML has it (the wheels do): a 100,000-entry spec parses
+# about three times faster than with the pure-Python one. Same safe constructors.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MODES = ("enforce", "report")
 _TOKEN_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 # Headers whose meaning belongs to the connection or the message framing: injecting
@@ -102,12 +105,36 @@ def _one_line(problem: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in problem)
 
 
+_MAX_DEPTH = 100  # a real spec is five levels deep
+
+
 def _parse_document(text: str, source: str) -> Any:
     try:
-        return _parse_syntax(text, source)
+        document = _parse_syntax(text, source)
     except RecursionError:
-        # Both parsers recurse per nesting level; a few thousand `[` exhaust the stack.
+        # The JSON and pure-Python YAML parsers recurse per nesting level; a few
+        # thousand `[` exhaust the stack.
         raise SpecError([f"{source}: document nested too deeply"]) from None
+    # libyaml does not recurse, but what it builds must not reach code that does.
+    if _depth_exceeds(document, _MAX_DEPTH):
+        raise SpecError([f"{source}: document nested too deeply"])
+    return document
+
+
+def _depth_exceeds(document: Any, limit: int) -> bool:
+    stack = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _parse_syntax(text: str, source: str) -> Any:
@@ -118,7 +145,7 @@ def _parse_syntax(text: str, source: str) -> Any:
             raise SpecError([f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg})"]) from None
     try:
         # YAML 1.1 is a superset of JSON for everything a spec contains.
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""

@@ -1,0 +1,42 @@
+"""CI smoke of the proxy benchmark harness (issue 7): it runs, it writes its tables.
+
+Not a benchmark: one 1-second run per section, figures are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_smoke_produces_results_tables(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("the benchmark harness needs root (network namespaces)")
+    missing = [t for t in ("nginx", "wrk", "hey", "ip") if shutil.which(t) is None]
+    assert not missing, f"tools missing (scripts/test.sh installs them): {missing}"
+    out = tmp_path / "benchmarks.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "proxy_bench.py"), "--smoke", "--output", str(out)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = out.read_text()
+    assert "SMOKE MODE" in text
+    for heading in ("## Machine", "## Targets", "## Throughput", "## Allowlist scale", "## Workers"):
+        assert heading in text, heading
+    # A results table with a row per target measured, and figures in it.
+    assert "| req/s: mean (runs) |" in text
+    assert "| 4 conn, egress-proxy |" in text and "| 4 conn, direct (no proxy) |" in text
+    raw = json.loads(out.with_suffix(".json").read_text())
+    runs = raw["runs"]
+    assert {(r["scenario"], r["target"]) for r in runs} >= {("http", "egress"), ("pass", "egress"), ("inject", "egress")}
+    assert all(r["requests"] > 0 and r["errors"] == 0 for r in runs), runs
+    assert float(raw["machine"]["egress credential injections seen in /metrics (sanity)"].replace(",", "")) > 0
