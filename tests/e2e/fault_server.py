@@ -2,8 +2,9 @@
 
 Each fault listens on port 8080 (plain) and 8443 (TLS) of an address of its own
 (80/443 belong to the echo server, which listens on every address):
-- --reset ADDR      reads the request, sends a response head promising 100000
-                    bytes and 1000 of them, then resets the connection (RST);
+- --reset ADDR      reads the request, sends a response head promising 10 kB
+                    (10 MB for /large) and 1000 bytes of it, then resets the
+                    connection (RST);
 - --stall ADDR      reads the request and never answers (plain HTTP and TLS);
 - --big-head ADDR   answers with a 1 MiB response head.
 Refused connections need no server (nothing listens), blackholed ones are made
@@ -24,19 +25,22 @@ import time
 HELD: list[socket.socket] = []  # stalled connections stay open until the process ends
 
 
-def _read_head(conn: socket.socket) -> None:
+def _read_head(conn: socket.socket) -> bytes:
     data = b""
     conn.settimeout(30)
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
         if not chunk:
-            return
+            break
         data += chunk
+    return data
 
 
 def reset(conn: socket.socket) -> None:
-    _read_head(conn)
-    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 100000\r\n\r\n")
+    head = _read_head(conn)
+    # /large promises more than the proxy buffers (it streams), anything else less.
+    size = 10_000_000 if b" /large" in head.split(b"\r\n", 1)[0] else 10_000
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % size)
     conn.sendall(b"x" * 1000)
     time.sleep(0.2)
     # SO_LINGER with a zero timeout: close() sends RST instead of FIN.

@@ -103,9 +103,23 @@ def test_upstream_refuses(lab, faulty):
 
 
 def test_upstream_resets_mid_response(lab, faulty):
-    status, _, body, took = timed_curl(lab, faulty, "http://reset.fault.test:8080/")
+    """A body the proxy buffers: the client gets 502 instead of the broken response."""
+    status, _, body, took = timed_curl(lab, faulty, "http://reset.fault.test:8080/small")
     assert status == 502, body
     assert took < SLACK
+    assert_still_serving(lab, faulty)
+
+
+def test_upstream_resets_mid_streamed_response(lab, faulty):
+    """A body large enough to stream: 502 if the head has not gone out yet, else the
+    transfer is cut short (curl: partial file); either way promptly, never a hang."""
+    start = time.monotonic()
+    out = lab.exec(
+        "curl", "-sS", "--max-time", "10", "-x", faulty.url, "-o", "/dev/null", "-w", "%{http_code}",
+        "http://reset.fault.test:8080/large",
+    )  # fmt: skip
+    assert out.stdout == "502" or out.returncode in (18, 56), out  # CURLE_PARTIAL_FILE / CURLE_RECV_ERROR
+    assert time.monotonic() - start < SLACK
     assert_still_serving(lab, faulty)
 
 
