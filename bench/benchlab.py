@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from e2e.lab import _cert, _pem, in_netns, run  # noqa: E402
+from e2e.lab import _cert, _pem, in_netns, run
 
 VENV_BIN = Path(sys.executable).parent
 PROXY_V4, UPSTREAM_V4 = "198.18.0.1", "198.18.0.2"
@@ -106,7 +106,7 @@ class RssSampler:
         self.peak = 0
         self._stop = threading.Event()
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         if self.pid:
             self.peak = rss_bytes(self.pid)
             self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -249,7 +249,9 @@ http {{
     def exec(self, cmd: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, float]:
         """Run a command in the client namespace; returns it and the CPU seconds it used."""
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        done = subprocess.run(["ip", "netns", "exec", self.ns, *cmd], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            ["ip", "netns", "exec", self.ns, *cmd], capture_output=True, text=True, timeout=timeout, check=False
+        )
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         return done, cpu
@@ -374,7 +376,7 @@ def run_wrk(lab: BenchLab, url: str, conns: int, seconds: float, proxy: Proxy | 
     if done.returncode != 0 or "Requests/sec" not in out:
         raise BenchError(f"wrk failed: {done.stderr or out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.MULTILINE))
     total = int(re.search(r"(\d+) requests in", out).group(1))
     errors = 0
     if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
@@ -395,11 +397,11 @@ def run_hey(lab: BenchLab, url: str, conns: int, seconds: float, proxy: Proxy | 
     if done.returncode != 0 or "Requests/sec" not in out:
         raise BenchError(f"hey failed: {done.stderr or out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    lat = dict(re.findall(r"^\s+(50|99)%+ in ([\d.]+) secs", out, re.M))
+    lat = dict(re.findall(r"^\s+(50|99)%+ in ([\d.]+) secs", out, re.MULTILINE))
     ok = sum(int(n) for n in re.findall(r"\[200\]\s+(\d+) responses", out))
     other = sum(int(n) for code, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", out) if code != "200")
     err_section = out.split("Error distribution:", 1)[1] if "Error distribution:" in out else ""
-    errors = other + sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]", err_section, re.M))
+    errors = other + sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]", err_section, re.MULTILINE))
     if "50" not in lat:
         raise BenchError(f"hey gave no latencies (no successful request?): {out[-800:]}")
     lat.setdefault("99", lat["50"])

@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import benchlab  # noqa: E402
-from benchlab import (  # noqa: E402
+import benchlab
+from benchlab import (
     BenchError,
     BenchLab,
     Proxy,
@@ -380,7 +380,7 @@ def machine() -> dict:
 
     def out(cmd):
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip() or "?"
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False).stdout.strip() or "?"
         except OSError:
             return "?"
 
@@ -390,7 +390,8 @@ def machine() -> dict:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    mem = int(open("/proc/meminfo").readline().split()[1]) // 1024
+    with open("/proc/meminfo") as fh:
+        mem = int(fh.readline().split()[1]) // 1024
     return {
         "cpu": f"{cpu}, {os.cpu_count()} cores",
         "memory": f"{mem} MiB",
@@ -682,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             print("profiles", flush=True)
             profiles = section_profiles(lab, proxies, args)
         injected = _injections(lab, proxies["egress"])
-        for name, proxy in proxies.items():
+        for proxy in proxies.values():
             if proxy is not None:
                 benchlab.terminate(proxy.proc)
         if "allowlist" in args.sections:

@@ -73,6 +73,6 @@ class HookDispatcher(addonmanager.AddonManager):
                 return
             except exceptions.OptionsError:
                 raise
-            except Exception as exc:
+            except Exception:
                 # What mitmproxy's `safecall` does: log and carry on with the next addon.
-                logger.error(f"Addon error: {exc}", exc_info=True)
+                logger.exception("Addon error in %s.%s", type(addon).__name__, event.name)

@@ -25,7 +25,7 @@ def test_bench_smoke_produces_results_tables(tmp_path):
     out = tmp_path / "benchmarks.md"
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "proxy_bench.py"), "--smoke", "--output", str(out)],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()
