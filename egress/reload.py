@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -81,6 +82,7 @@ class SpecHolder:
         if self.count_reloads:
             metrics.CONFIG_RELOADS.labels("success").inc()
         self._in_force(spec)
+        gc.freeze()  # the new spec is long-lived too (see egress.cli); the old one is freed by refcount
         _log("spec_reloaded", trigger=trigger, entries=len(spec.entries), mode=spec.mode)
         return True
 
