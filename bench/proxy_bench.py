@@ -93,6 +93,9 @@ class Run:
     seconds: float
     load1: float
     retries: int = 0  # runs discarded because hey churned connections (see measure)
+    opened: int = 0  # TCP connections opened in the client/proxy namespace during the run
+    valid: bool = True  # False: hey churned connections in every attempt; excluded from means
+
 
 
 def _active_opens(lab: BenchLab) -> int:
@@ -126,7 +129,8 @@ def measure(lab: BenchLab, section: str, scenario: str, target: str, proxy: Prox
         # hey (Go's http.Transport) sometimes falls into dialling a new connection for
         # almost every request and dropping it again: through a proxy that is a CONNECT
         # and a TLS set-up per request, a different benchmark. Such a run is repeated.
-        if loadgen is not run_hey or opened <= 3 * conns + 20 or retries == 3:
+        churned = loadgen is run_hey and opened > 3 * conns + 20
+        if not churned or retries == 3:
             break
         retries += 1
         print(f"  ({target} {scenario} c={conns}: hey opened {opened} connections, repeating the run)", flush=True)
@@ -142,12 +146,13 @@ def measure(lab: BenchLab, section: str, scenario: str, target: str, proxy: Prox
         rss_after = rss_bytes(pid)
     run = Run(section, scenario, target, body, conns, rnd, result.rps, result.p50_ms, result.p99_ms, result.errors,
               result.requests, rss_before, sampler.peak, rss_after, proxy_cpu, result.client_cpu, upstream_cpu,
-              other, elapsed, load1, retries)  # fmt: skip
+              other, elapsed, load1, retries, opened, not churned)  # fmt: skip
     print(
         f"  {section:9} {scenario:6} {body:5} c={conns:<3} {target:14} r{rnd}: {run.rps:9.1f} req/s "
         f"p50 {run.p50_ms:7.2f} ms p99 {run.p99_ms:7.2f} ms rss {run.rss_peak / 1e6:6.1f} MB "
         f"cpu proxy {proxy_cpu:4.1f}s client {result.client_cpu:4.1f}s other {other:4.1f}s load {load1:.2f}"
-        + (f" ERRORS {run.errors}" if run.errors else ""),
+        + (f" ERRORS {run.errors}" if run.errors else "")
+        + ("" if run.valid else " INVALID (hey churned connections)"),
         flush=True,
     )
     return run
@@ -281,9 +286,11 @@ def section_allowlist(lab, args) -> tuple[list[dict], list[Run]]:
                 sized_spec(lab.dir, total, ".json")
             proxies[total] = start_egress(lab, f"egress-{total}", spec, env={"BENCH_TOKEN": TOKEN})
         try:
-            for rnd in range(1, args.repeat + 1):
+            # Three rounds: the two proxies differ by only a few percent, if at all.
+            for rnd in range(1, (args.repeat if args.smoke else max(3, args.repeat)) + 1):
                 for scenario in ("http", "inject"):
-                    for total, proxy in proxies.items():
+                    # Alternate which proxy goes first, so an order effect cancels out.
+                    for total, proxy in list(proxies.items())[:: 1 if rnd % 2 else -1]:
                         runs.append(measure(lab, "allowlist", scenario, f"egress-{total}", proxy, "small", 16,
                                             args.duration, rnd))  # fmt: skip
         finally:
@@ -299,7 +306,7 @@ def section_workers(lab, args, spec: Path) -> list[Run]:
     try:
         for rnd in range(1, args.repeat + 1):
             for scenario in args.worker_scenarios:
-                for n, proxy in proxies.items():
+                for n, proxy in list(proxies.items())[:: 1 if rnd % 2 else -1]:
                     runs.append(measure(lab, "workers", scenario, f"workers={n}", proxy, "small", 64,
                                         args.duration, rnd))  # fmt: skip
     finally:
@@ -435,12 +442,18 @@ def _group(runs, **key):
     return [r for r in runs if all(getattr(r, k) == v for k, v in key.items())]
 
 
+def _valid(group):
+    return [r for r in group if r.valid]
+
+
 def _fmt_rps(group):
-    return f"**{_mean([r.rps for r in group]):,.0f}** ({' / '.join(f'{r.rps:,.0f}' for r in group)})"
+    runs = " / ".join(f"{r.rps:,.0f}" + ("" if r.valid else "†") for r in group)
+    mean = f"**{_mean([r.rps for r in _valid(group)]):,.0f}**" if _valid(group) else "**—**"
+    return f"{mean} ({runs})"
 
 
 def rps_of(runs, **key) -> float:
-    return _mean([r.rps for r in _group(runs, **key)])
+    return _mean([r.rps for r in _valid(_group(runs, **key))])
 
 
 def table(runs: list[Run], rows: list[tuple[str, dict]], ratio_to: str | None = None) -> list[str]:
@@ -454,8 +467,8 @@ def table(runs: list[Run], rows: list[tuple[str, dict]], ratio_to: str | None = 
         cpu = 100 * sum(r.proxy_cpu for r in group) / secs if secs else 0
         rss = max(r.rss_peak for r in group) / 1e6
         lines.append(
-            f"| {label} | {_fmt_rps(group)} | {_mean([r.p50_ms for r in group]):.2f} | "
-            f"{_mean([r.p99_ms for r in group]):.2f} | {rss:.0f} | {cpu:.0f} | {sum(r.errors for r in group)} | "
+            f"| {label} | {_fmt_rps(group)} | {_mean([r.p50_ms for r in _valid(group) or group]):.2f} | "
+            f"{_mean([r.p99_ms for r in _valid(group) or group]):.2f} | {rss:.0f} | {cpu:.0f} | {sum(r.errors for r in group)} | "
             f"{' / '.join(f'{r.load1:.2f}' for r in group)} |"
         )
     return lines
@@ -517,8 +530,12 @@ def evaluate(throughput, allowlist_rows, allowlist_runs, worker_runs) -> list[Ta
         for scenario in sorted({r.scenario for r in worker_runs}):
             one = rps_of(worker_runs, scenario=scenario, target=workers[0])
             two = rps_of(worker_runs, scenario=scenario, target=workers[-1])
+            what = f"{SCENARIOS[scenario][0]}, 64 conn: {workers[-1]} / {workers[0]}"
+            if not (one and two):
+                t.append(Target(what, "no valid run (hey churned connections in every attempt)", "≥ 1.6×", None))
+                continue
             r = ratio(two, one)
-            t.append(Target(f"{SCENARIOS[scenario][0]}, 64 conn: {workers[-1]} / {workers[0]}", f"{r:.2f}×", "≥ 1.6×", r >= 1.6))
+            t.append(Target(what, f"{r:.2f}×", "≥ 1.6×", r >= 1.6))
     for conns in (64,):
         e = _group(throughput, target="egress", body="small", conns=conns)
         m = _group(throughput, target="mitmdump", body="small", conns=conns)
@@ -565,7 +582,8 @@ def render(args, info, throughput, allowlist_rows, allowlist_runs, worker_runs, 
         "- hey's Go transport sometimes falls into dialling a new connection for nearly every request (seen with "
         "every proxy and without one: the rate collapses to a few hundred per second with the client CPU busy on "
         "handshakes); a run that opened more than 3 × connections + 20 TCP connections is discarded and repeated "
-        "(at most 3 times; the raw JSON has a `retries` count per run).",
+        "(at most 3 times; the raw JSON has `retries` and `opened` per run). A run that churned in every attempt "
+        "is marked † and left out of the means and ratios.",
         "- Proxy RSS: peak resident memory of the proxy's process tree, sampled every 0.2 s; CPU %: proxy CPU time "
         "over wall time (100 % = one core). Rounds are interleaved (every target once, then again), small bodies "
         "first, so noise and leftovers from 1 MiB runs do not land on one target.",
