@@ -766,6 +766,8 @@ def write_report(args, meta, info, all_runs, allowlist_rows, profiles) -> int:
     worker_runs = [r for r in all_runs if r.section == "workers"]
     for key in ("command_line", "duration", "repeat", "smoke", "profile_seconds"):
         setattr(args, key, meta[key])
+    if args.smoke:
+        args.notes = None  # the analysis is about full runs
     args.other_cpu_share = 100 * sum(r.other_cpu for r in all_runs) / max(sum(r.seconds for r in all_runs), 1e-9)
     targets = evaluate(throughput, allowlist_rows, allowlist_runs, worker_runs)
     text = render(args, info, throughput, allowlist_rows, allowlist_runs, worker_runs, profiles, targets,
