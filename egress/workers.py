@@ -85,7 +85,10 @@ class _FileReadiness(Readiness):
 # -- worker side: listen with SO_REUSEPORT ---------------------------------------------
 def reuseport_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host or not host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that
+    # say so, and without it every response written in two parts (head, body) waited
+    # for the client's delayed ACK (40 ms): two workers served less than one.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
