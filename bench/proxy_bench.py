@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -694,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-scenarios", nargs="*", default=["http", "pass", "inject"])
     p.add_argument("--profile-seconds", type=float, default=8.0)
     p.add_argument("--sections", nargs="*", default=["throughput", "allowlist", "workers", "profiles"])
+    p.add_argument("--keep", action="store_true", help="keep the work directory (proxy logs, specs) for inspection")
     p.add_argument("--render-from", metavar="RAW.json", help="only re-render the report from an earlier run's JSON")
     p.add_argument("--notes", default=str(ROOT / "bench" / "benchmarks-notes.md"),
                    help="Markdown appended verbatim (analysis of missed targets)")  # fmt: skip
@@ -750,6 +752,8 @@ def main(argv: list[str] | None = None) -> int:
             worker_runs = section_workers(lab, args, spec)
     finally:
         lab.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
     wall = time.monotonic() - t_start
     del busy0
     info = machine()
