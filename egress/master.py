@@ -7,7 +7,6 @@ ours, in the order the decisions must happen (guard before injector).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from mitmproxy import master, options
@@ -99,6 +98,3 @@ def _has_ipv6_loopback() -> bool:
         return False
     return any(line.split()[0] == "0" * 31 + "1" for line in lines if line.strip())
 
-
-def print_err(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

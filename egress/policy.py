@@ -85,7 +85,7 @@ def check_name(spec: Spec, raw_host: str) -> Decision:
     if is_loopback_name(host):
         return _finish(spec, host, LOOPBACK)
     ip = parse_ip_literal(host)
-    if ip is not None and (reason := forbidden_reason(ip, spec.allow_cidrs)) == LOOPBACK:
+    if ip is not None and forbidden_reason(ip, spec.allow_cidrs) == LOOPBACK:
         return _finish(spec, host, LOOPBACK)
     entry = spec.allowlist.match(host)
     if entry is None:

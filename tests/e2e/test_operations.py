@@ -11,7 +11,6 @@ import subprocess
 import threading
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 

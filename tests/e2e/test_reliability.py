@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from e2e.clients import assert_denied, curl, upstream_hits
+from e2e.clients import assert_denied, curl
 from e2e.lab import HERE, HOSTS, Lab, _terminate, in_netns, raw_request
 
 FAULT_HOSTS = {
