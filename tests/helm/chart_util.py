@@ -32,6 +32,19 @@ def find_tool(name: str) -> str:
     return found
 
 
+def kubernetes_validate(version: str, *files: str | Path) -> subprocess.CompletedProcess:
+    """`kubernetes-validate --strict` for one Kubernetes version, kept offline."""
+    return subprocess.run(
+        [find_tool("kubernetes-validate"), "--strict", "--quiet", "-k", version, *map(str, files)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        # A proxy that refuses everything: the validation must not need the network.
+        env={**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"},
+    )
+
+
 def find_helm() -> str:
     local = REPO / ".tools" / "helm"
     if local.exists() and os.access(local, os.X_OK):

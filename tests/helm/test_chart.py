@@ -31,6 +31,7 @@ from helm.chart_util import (
     container,
     find_tool,
     helm_template,
+    kubernetes_validate,
     one,
     pod_spec,
 )
@@ -95,25 +96,7 @@ def test_manifests_valid_for_kubernetes(render, tmp_path, pattern, ca_source):
         KUBERNETES_VERSIONS if ca_source == "generate" else KUBERNETES_VERSIONS[-1:]
     )
     for version in versions:
-        out = subprocess.run(
-            [
-                find_tool("kubernetes-validate"),
-                "--strict",
-                "--quiet",
-                "-k",
-                version,
-                *files,
-            ],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={
-                **os.environ,
-                "HTTPS_PROXY": "http://127.0.0.1:9",
-                "HTTP_PROXY": "http://127.0.0.1:9",
-            },  # offline
-        )
+        out = kubernetes_validate(version, *files)
         assert out.returncode == 0, f"kubernetes {version}:\n{out.stdout}{out.stderr}"
 
 
@@ -128,20 +111,7 @@ def test_kubernetes_validate_rejects_a_broken_manifest(tmp_path):
     }
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad), encoding="utf-8")
-    out = subprocess.run(
-        [
-            find_tool("kubernetes-validate"),
-            "--strict",
-            "--quiet",
-            "-k",
-            KUBERNETES_VERSIONS[0],
-            str(path),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = kubernetes_validate(KUBERNETES_VERSIONS[0], path)
     assert out.returncode != 0 and "dta" in out.stdout + out.stderr
 
 
@@ -836,20 +806,7 @@ def test_readme_install_command_and_sandbox_pod(helm, tmp_path):
     pod = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
     path = tmp_path / "pod.yaml"
     path.write_text(yaml.safe_dump(pod), encoding="utf-8")
-    valid = subprocess.run(
-        [
-            find_tool("kubernetes-validate"),
-            "--strict",
-            "--quiet",
-            "-k",
-            KUBERNETES_VERSIONS[0],
-            str(path),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    valid = kubernetes_validate(KUBERNETES_VERSIONS[0], path)
     assert valid.returncode == 0, valid.stdout + valid.stderr
     service = one(docs, "Service")
     proxy_port = next(
