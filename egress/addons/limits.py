@@ -217,6 +217,10 @@ class ConnectionLimits:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self._cancel(self._read_timers, flow.id)
 
+    # A flow that ends in an error never sees response headers: drop its timer now
+    # rather than keep the flow alive until the timer fires.
+    error = responseheaders
+
     def _read_expired(self, flow: http.HTTPFlow, seconds: int) -> None:
         self._read_timers.pop(flow.id, None)
         if flow.response is not None or flow.error is not None or not flow.live:
