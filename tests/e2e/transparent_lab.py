@@ -99,7 +99,7 @@ class Sandbox:
         vs, vt = f"vs{lab.id}", f"vt{lab.id}"
         sns = ["ip", "netns", "exec", ns]
         uns = ["ip", "netns", "exec", lab.upstream_ns]
-        run(["ip", "netns", "add", ns])
+        self._create_namespace()
         run(["ip", "link", "add", vs, "type", "veth", "peer", "name", vt])
         run(["ip", "link", "set", vs, "netns", ns])
         run(["ip", "link", "set", vt, "netns", lab.upstream_ns])
@@ -127,6 +127,10 @@ class Sandbox:
             "options timeout:1 attempts:1\nnameserver 127.0.0.53\n"
         )
         self.udp = UdpEcho(lab.upstream_ns)
+
+    def _create_namespace(self) -> None:
+        """A new namespace; tests/image/ names an existing one (a podman pod's) instead."""
+        run(["ip", "netns", "add", self.proxy_ns])
 
     def start_proxy(self, spec_text: str, env: dict | None = None) -> ProxyProcess:
         proxy = ProxyProcess(

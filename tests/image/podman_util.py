@@ -1,0 +1,145 @@
+"""podman for the image tests: whether it can run here, the image build, containers by name.
+
+Every podman call goes through scripts/podman.sh (runc, ulimits within the host's
+limits). Containers and pods are named after the pytest process and removed by
+that name; nothing else in podman's storage is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from e2e.lab import EXTRA_HOST_LINES, HOSTS, in_netns
+
+REPO = Path(__file__).resolve().parents[2]
+PODMAN = str(REPO / "scripts" / "podman.sh")
+BUILD_IMAGE = str(REPO / "scripts" / "build-image.sh")
+# Set by scripts/test.sh where it could install podman: there a podman that cannot
+# run is a failure, not a reason to skip.
+REQUIRE_ENV = "EGRESS_REQUIRE_IMAGE_TESTS"
+BUILD_TIMEOUT = 900
+
+
+def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([PODMAN, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if check and out.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args[:3])}... exited {out.returncode}: {out.stderr.strip()}")
+    return out
+
+
+def why_podman_cannot_run() -> str | None:
+    """None when rootful podman with runc works here, else the reason (for a skip)."""
+    if not os.uname().sysname == "Linux":
+        return "podman containers need Linux"
+    if os.geteuid() != 0:
+        return "needs root: the tests put containers into network namespaces they create"
+    for tool in ("podman", "runc", "ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/test.sh installs it with apt)"
+    info = podman("info", "--format", "{{.Host.OCIRuntime.Name}}", timeout=60, check=False)
+    if info.returncode != 0:
+        return f"`podman info` fails: {info.stderr.strip()[:300]}"
+    if info.stdout.strip() != "runc":
+        return f"podman uses {info.stdout.strip()!r}, not runc (set by scripts/podman.sh)"
+    return None
+
+
+def build_image(tag: str) -> tuple[str, float]:
+    """scripts/build-image.sh (registry base if pullable, else the local base): (reference, seconds)."""
+    started = time.monotonic()
+    out = subprocess.run(
+        [BUILD_IMAGE, "--tag", tag], capture_output=True, text=True, timeout=BUILD_TIMEOUT, check=False
+    )
+    if out.returncode != 0:
+        raise AssertionError(f"scripts/build-image.sh exited {out.returncode}:\n{out.stderr[-4000:]}")
+    return out.stdout.strip().splitlines()[-1], time.monotonic() - started
+
+
+def remove_container(name: str) -> None:
+    podman("rm", "--force", "--time", "2", name, check=False, timeout=60)
+
+
+def remove_pod(name: str) -> None:
+    podman("pod", "rm", "--force", "--time", "2", name, check=False, timeout=90)
+
+
+def container_logs(name: str) -> str:
+    out = podman("logs", name, check=False, timeout=30)
+    return out.stdout + out.stderr
+
+
+def http_get_in_netns(netns: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:
+    """GET http://127.0.0.1:PORT/PATH from inside `netns` (status 0: no answer)."""
+    with in_netns(netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    except OSError:
+        return 0, ""
+    finally:
+        sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return (int(head.split()[1]) if head else 0), body.decode("utf-8", "replace")
+
+
+def wait_http_ok(netns: str, port: int, path: str, deadline_s: float, alive=lambda: True) -> float:
+    """Polls until GET answers 200; returns when it did (time.monotonic()). Raises on timeout."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if http_get_in_netns(netns, port, path, timeout=1.0)[0] == 200:
+            return time.monotonic()
+        if not alive():
+            raise AssertionError(f"the container exited before {path} answered 200")
+        time.sleep(0.05)
+    raise AssertionError(f"{path} on port {port} did not answer 200 within {deadline_s} s")
+
+
+def hosts_file(path: Path) -> Path:
+    """/etc/hosts for containers: the test host names (podman's --add-host is ignored for
+    pods without a network of podman's own, so the file is mounted, as kubelet does)."""
+    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost"]
+    lines += [f"{address} {name}" for name, address in HOSTS.items()]
+    lines += EXTRA_HOST_LINES
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o644)
+    return path
+
+
+def write_configmap_dir(directory: Path, files: dict[str, str | bytes], mode: int = 0o644) -> Path:
+    """Lays out `files` the way kubelet mounts a ConfigMap or Secret volume:
+    KEY -> ..data/KEY, ..data -> ..<timestamp>/ (a new version is a new directory and
+    an atomic rename of the `..data` symlink). Returns the new version's directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o755)
+    previous = (directory / "..data").resolve() if (directory / "..data").is_symlink() else None
+    version = directory / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+    version.mkdir()
+    version.chmod(0o755)
+    for key, content in files.items():
+        path = version / key
+        if isinstance(content, str):
+            path.write_text(content)
+        else:
+            path.write_bytes(content)
+        path.chmod(mode)
+    tmp_link = directory / "..data_tmp"
+    tmp_link.unlink(missing_ok=True)
+    tmp_link.symlink_to(version.name)
+    tmp_link.rename(directory / "..data")  # the swap a ConfigMap update makes
+    for key in files:
+        link = directory / key
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{key}")
+    if previous is not None:  # kubelet removes the old version once the link points away
+        shutil.rmtree(previous)
+    return version
