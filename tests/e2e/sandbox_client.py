@@ -45,6 +45,9 @@ def _http(sock, host: str, path: str, headers: list[str]) -> dict:
         "",
         "",
     ]
+    # The peer's certificate before reading to EOF: with OpenSSL 3.5 (Debian trixie, the
+    # image's base) getpeercert() after the peer's close_notify raises "handshake not done".
+    peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
     sock.sendall("\r\n".join(lines).encode())
     data, _ = _read_all(sock)
     if not data:
@@ -59,8 +62,8 @@ def _http(sock, host: str, path: str, headers: list[str]) -> dict:
         },
         "body": body.decode("utf-8", "replace"),
     }
-    if isinstance(sock, ssl.SSLSocket):
-        issuer = dict(x[0] for x in sock.getpeercert()["issuer"])
+    if peer is not None:
+        issuer = dict(x[0] for x in peer["issuer"])
         answer["issuer"] = issuer.get("commonName", "")
     return answer
 

@@ -73,14 +73,16 @@ def container_logs(name: str) -> str:
     return out.stdout + out.stderr
 
 
-def http_get_in_netns(netns: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:
-    """GET http://127.0.0.1:PORT/PATH from inside `netns` (status 0: no answer)."""
+def http_get_in_netns(
+    netns: str, port: int, path: str, timeout: float = 2.0, host: str = "127.0.0.1"
+) -> tuple[int, str]:
+    """GET http://HOST:PORT/PATH from inside `netns` (status 0: no answer)."""
     with in_netns(netns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        sock.connect((host, port))
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
