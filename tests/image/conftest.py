@@ -12,6 +12,12 @@ from e2e.lab import Lab
 from image.podman_util import REQUIRE_ENV, build_image, podman, why_podman_cannot_run
 
 
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/image/" in str(item.fspath):
+            item.add_marker(pytest.mark.image)
+
+
 class ImageLab(Lab):
     """The e2e lab (upstream namespace, certificates, echo server) under names of its own,
     so it can live beside tests/e2e's lab in one pytest process."""
