@@ -1,6 +1,6 @@
-"""The Dockerfile, checked statically: no Docker engine runs in CI, so the image itself
-is never built here. What can drift without a build is checked: the dependency pins,
-the user the chart expects, the entrypoint the chart's commands rely on."""
+"""The Dockerfile, checked statically: the dependency pins, the user the chart expects,
+the entrypoint the chart's commands rely on. The image itself is built and run with
+podman by tests/image/ (skipped where podman cannot run)."""
 
 from __future__ import annotations
 
