@@ -4,10 +4,10 @@ image built from this tree by scripts/build-image.sh, and the e2e lab's test ups
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from e2e.lab import Lab
 from image.podman_util import REQUIRE_ENV, build_image, podman, why_podman_cannot_run
 
@@ -40,7 +40,7 @@ def podman_ready() -> None:
 
 
 @pytest.fixture(scope="session")
-def image(podman_ready) -> str:
+def image(podman_ready) -> Iterator[str]:
     """The image built from this tree; tagged for this pytest process, untagged afterwards
     (the layers stay cached for the next build)."""
     ref, seconds = build_image(f"localhost/egress-proxy:test-{os.getpid()}")
@@ -50,7 +50,7 @@ def image(podman_ready) -> str:
 
 
 @pytest.fixture(scope="session")
-def image_lab(podman_ready, tmp_path_factory) -> Lab:
+def image_lab(podman_ready, tmp_path_factory) -> Iterator[Lab]:
     lab = ImageLab(tmp_path_factory.mktemp("image-lab"))
     try:
         lab.start()

@@ -15,10 +15,10 @@ import re
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from e2e.lab import HOSTS, Lab
 from image.podman_util import (
     container_logs,
@@ -110,7 +110,7 @@ class Container:
 
 
 @pytest.fixture(scope="module")
-def container(image, image_lab, tmp_path_factory) -> Container:
+def container(image, image_lab, tmp_path_factory) -> Iterator[Container]:
     c = Container(f"egress-image-{os.getpid()}", image_lab, tmp_path_factory.mktemp("image-run"))
     remove_container(c.name)
     try:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Iterator
 
 import pytest
 import yaml
-
 from e2e.lab import HERE as E2E_DIR
 from e2e.lab import HOSTS, Lab, run
 from e2e.transparent_lab import RESOLVER_V4, SANDBOX_GW_V4, SANDBOX_V4, Sandbox
@@ -92,7 +92,7 @@ class SidecarPod:
 
 
 @pytest.fixture(scope="module")
-def pod(image, image_lab, tmp_path_factory) -> SidecarPod:
+def pod(image, image_lab, tmp_path_factory) -> Iterator[SidecarPod]:
     workdir = tmp_path_factory.mktemp("sidecar-pod")
     values_file = workdir / "values.yaml"
     values_file.write_text(yaml.safe_dump(chart_values(image)))
