@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 from e2e.lab import Lab
-from image.podman_util import REQUIRE_ENV, build_image, podman, why_podman_cannot_run
+from image.podman_util import (
+    REQUIRE_ENV,
+    build_image,
+    podman,
+    remove_stale,
+    why_podman_cannot_run,
+)
 
 
 def pytest_collection_modifyitems(items):
@@ -43,6 +49,7 @@ def podman_ready() -> None:
 def image(podman_ready) -> Iterator[str]:
     """The image built from this tree; tagged for this pytest process, untagged afterwards
     (the layers stay cached for the next build)."""
+    remove_stale()
     ref, seconds = build_image(f"localhost/egress-proxy:test-{os.getpid()}")
     print(f"\nimage {ref} built in {seconds:.0f} s")
     yield ref

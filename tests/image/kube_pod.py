@@ -2,7 +2,8 @@
 sidecar pattern relies on, so a test can take every command, argument, mount and
 security setting from `helm template` instead of copying them.
 
-What is translated (anything else in the spec is an error, never silently dropped):
+What is translated (anything else in the spec is an error, never silently dropped;
+`resources`, `imagePullPolicy` and liveness/readiness probes are accepted and ignored):
 - init containers run one after another to completion (exit 0), except native
   sidecars (`restartPolicy: Always`), which are started and must pass their
   startupProbe (httpGet) before the next one; then the containers are started;
@@ -149,11 +150,10 @@ class KubePod:
                 raise ValueError(f"volume {volume['name']}: type not translated to podman: {sorted(volume)}")
 
     def _security(self, container: dict) -> dict:
-        pod_level = {
-            k: v
-            for k, v in (self.spec.get("securityContext") or {}).items()
-            if k in ("runAsUser", "runAsGroup", "runAsNonRoot", "seccompProfile")
-        }
+        pod_level = self.spec.get("securityContext") or {}
+        unknown_pod = set(pod_level) - {"runAsUser", "runAsGroup", "runAsNonRoot", "seccompProfile"}
+        if unknown_pod:
+            raise ValueError(f"pod securityContext not translated to podman: {sorted(unknown_pod)}")
         merged = {**pod_level, **(container.get("securityContext") or {})}
         unknown = set(merged) - SUPPORTED_SECURITY_KEYS
         if unknown:

@@ -68,6 +68,37 @@ def remove_pod(name: str) -> None:
     podman("pod", "rm", "--force", "--time", "2", name, check=False, timeout=90)
 
 
+def remove_stale(prefixes: tuple[str, ...] = ("egress-image-", "egress-pod-")) -> None:
+    """Pods, containers and image tags these tests made in earlier pytest processes that
+    are gone (killed before their teardown): named PREFIX + PID, removed by that name."""
+
+    def dead(name: str, prefix: str) -> bool:
+        pid = name.removeprefix(prefix)
+        if not pid.isdigit() or int(pid) == os.getpid():
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    pods = podman("pod", "ps", "--format", "{{.Name}}", check=False).stdout.split()
+    containers = podman("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split()
+    for prefix in prefixes:
+        for pod in pods:
+            if pod.startswith(prefix) and dead(pod, prefix):
+                remove_pod(pod)
+        for container in containers:
+            if container.startswith(prefix) and "-" not in container.removeprefix(prefix) and dead(container, prefix):
+                remove_container(container)
+    tag_prefix = "localhost/egress-proxy:test-"
+    for ref in podman("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split():
+        if ref.startswith(tag_prefix) and dead(ref, tag_prefix):
+            podman("untag", ref, ref, check=False)
+
+
 def container_logs(name: str) -> str:
     out = podman("logs", name, check=False, timeout=30)
     return out.stdout + out.stderr
