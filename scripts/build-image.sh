@@ -101,7 +101,7 @@ trap 'rm -rf "$pip_conf_dir"' EXIT
 # go into one global file. Local-only settings (find-links, constraints) stay out.
 if command -v python3 >/dev/null && python3 - "$pip_conf_dir/pip.conf" <<'PY'
 import configparser, os, sys
-keys = ("index-url", "extra-index-url", "trusted-host", "cert", "client-cert", "timeout", "retries", "proxy")
+keys = ("index-url", "extra-index-url", "trusted-host", "cert", "client-cert", "timeout", "default-timeout", "retries", "proxy")
 merged = {}
 for path in ("/etc/xdg/pip/pip.conf", "/etc/pip.conf"):
     parser = configparser.ConfigParser(interpolation=None)
