@@ -204,13 +204,12 @@ def _upstream_bundle(confdir: Path, extra: str) -> str:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from egress import metrics, workers
     from egress.addons.lifecycle import Readiness
     from egress.audit import DecisionLog
     from egress.master import build_master
-    from egress import metrics
     from egress.metrics_server import serve_metrics
     from egress.reload import SpecHolder
-    from egress import workers
 
     worker = workers.current()
     try:

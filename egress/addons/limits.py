@@ -303,5 +303,6 @@ def install_head_limit() -> None:
             )
             self.state = self.done
 
-    _http1.Http1Server.read_headers = server_read_headers
-    _http1.Http1Client.read_headers = client_read_headers
+    # Deliberate patches of mitmproxy 12.3.1 (see the module docstring).
+    _http1.Http1Server.read_headers = server_read_headers  # type: ignore[method-assign]
+    _http1.Http1Client.read_headers = client_read_headers  # type: ignore[method-assign]
