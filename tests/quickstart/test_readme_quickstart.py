@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from e2e.lab import in_netns
 
 pytestmark = pytest.mark.e2e
@@ -202,7 +201,7 @@ def test_quickstart_as_written(running_example):
         if "/readyz" in line:
             assert status == 0 and output.strip() == "ready" == promised, (line, output)
         elif line.startswith("export "):
-            assert status == 0 and "http_proxy=" in line and "https_proxy=" in line, line
+            assert status == 0, (line, output)  # what it sets is judged by the requests below
         elif "pypi.org" in line:
             # Offline the 200 cannot be seen (pypi.org does not resolve here): the request
             # went through the proxy, matched `pypi.org`, and failed only at resolution.
@@ -217,8 +216,10 @@ def test_quickstart_as_written(running_example):
             entry = decision_for(example, "api.github.com")
             assert (entry["rule"], entry["reason"]) == ("api.github.com", "resolve_failed"), entry
         elif "169.254.169.254" in line:
-            head, _, body = output.replace("\r\n", "\n").partition("\n\n")
-            assert status == 0, output
+            # (stderr is no terminal here, so curl's progress meter comes first)
+            assert status == 0 and "HTTP/1.1 " in output, output
+            response = output[output.index("HTTP/1.1 ") :]
+            head, _, body = response.replace("\r\n", "\n").partition("\n\n")
             assert head.startswith("HTTP/1.1 403"), output
             assert re.search(r"^x-egress-denied: not_allowlisted$", head, re.I | re.M), head
             assert json.loads(body)["reason"] == "not_allowlisted", body
