@@ -175,7 +175,7 @@ _SEVERITY = (
 
 def embedded_ipv4(ip: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
     """IPv4 addresses an IPv6 address carries (mapped, compatible, NAT64, 6to4, Teredo)."""
-    if ip.version != 6:
+    if not isinstance(ip, ipaddress.IPv6Address):
         return ()
     number = int(ip)
     low32 = ipaddress.IPv4Address(number & 0xFFFFFFFF)
@@ -185,9 +185,8 @@ def embedded_ipv4(ip: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
         return (low32,)
     if ip in _SIX_TO_FOUR:
         return (ipaddress.IPv4Address(number >> 80 & 0xFFFFFFFF),)
-    if ip in _TEREDO:
-        server, client = ip.teredo  # type: ignore[misc]
-        return (server, client)
+    if (teredo := ip.teredo) is not None:  # 2001::/32: (server, client)
+        return teredo
     return ()
 
 
