@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +148,7 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def soak(lab, proxy, duration: float, connections: int, kinds: list[str] = list(KINDS)) -> dict:
+def soak(lab, proxy, duration: float, connections: int, kinds: Sequence[str] = tuple(KINDS)) -> dict:
     """Drive `proxy` (an e2e ProxyProcess running SPEC) and sample its RSS once a second."""
     bundle = proxy.dir / "soak-ca.pem"
     bundle.write_text(proxy.ca.read_text() + lab.upstream_ca.read_text())

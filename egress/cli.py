@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from egress import __version__
 from egress.spec import SpecError, load_spec
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -94,6 +95,7 @@ def parse_set(values: list[str]) -> dict[str, str]:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="egress-proxy", description="Egress proxy for AI-agent sandboxes.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the proxy")
@@ -204,13 +206,12 @@ def _upstream_bundle(confdir: Path, extra: str) -> str:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from egress import metrics, workers
     from egress.addons.lifecycle import Readiness
     from egress.audit import DecisionLog
     from egress.master import build_master
-    from egress import metrics
     from egress.metrics_server import serve_metrics
     from egress.reload import SpecHolder
-    from egress import workers
 
     worker = workers.current()
     try:

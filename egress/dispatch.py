@@ -28,8 +28,10 @@ class HookDispatcher(addonmanager.AddonManager):
     @classmethod
     def install(cls, m: master.Master) -> None:
         """Make `m.addons` dispatch through the cache (keeps its chain and option wiring)."""
-        m.addons.__class__ = cls
-        m.addons._handlers = {}
+        addons = m.addons
+        addons.__class__ = cls
+        assert isinstance(addons, HookDispatcher)
+        addons._handlers = {}
 
     def _hooks(self, name: str) -> list[Handler]:
         found = self._handlers.get(name)

@@ -120,7 +120,7 @@ def pick_address(
     blocked = _finish(spec, decision.host, worst, decision.entry)
     if blocked.reported:
         # Report mode dials the first address that is merely "forbidden".
-        first = next(ip for ip, r in zip(addresses, reasons) if r == FORBIDDEN_ADDRESS)
+        first = next(ip for ip, r in zip(addresses, reasons, strict=True) if r == FORBIDDEN_ADDRESS)
         # A name already reported (not allowlisted) keeps that first reason.
         return first, decision if decision.reported else blocked
     return None, blocked

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import socket
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ def _linux_local_addresses() -> set[IPAddress]:
         lines = Path("/proc/net/fib_trie").read_text().splitlines()
     except OSError:
         lines = []
-    for previous, line in zip(lines, lines[1:]):
+    for previous, line in itertools.pairwise(lines):
         if "/32 host LOCAL" in line:
             candidate = previous.strip().split()[-1]
             if (ip := parse_ip_literal(candidate)) is not None:

@@ -118,7 +118,7 @@ def listen_with_reuseport() -> None:
         return [await asyncio.start_server(self.handle_stream, sock=reuseport_socket(host, port))]
 
     for cls in (mode_servers.RegularInstance, mode_servers.TransparentInstance):
-        cls.listen = listen
+        cls.listen = listen  # type: ignore[method-assign]  # the patch described above
 
 
 # -- supervisor side -------------------------------------------------------------------

@@ -23,4 +23,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 scripts/install.sh --test
 scripts/fetch-helm.sh
+if [ $# -eq 0 ]; then
+  # The full run (CI): static checks, and the unit tests under a second Python too.
+  scripts/lint.sh
+  scripts/test-unit-other-python.sh
+fi
 exec .venv/bin/pytest "$@"

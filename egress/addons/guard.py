@@ -47,6 +47,12 @@ class ClientState:
     # (normalised host, port) -> the one address checked for it.
     pins: dict[tuple[str, int], IPAddress] = field(default_factory=dict)
 
+    def pin(self, host: str, port: int, address: IPAddress | None) -> None:
+        """Remember the address checked for an allowed destination (which always has one)."""
+        if address is None:  # fail closed (internal_error) rather than pin nothing
+            raise RuntimeError(f"allowed destination {host}:{port} came without a checked address")
+        self.pins[(host, port)] = address
+
 
 def deny_response(reason: str, host: str) -> http.Response:
     return http.Response.make(
@@ -91,7 +97,7 @@ class DestinationGuard:
             return
         state = self._state(flow.client_conn)
         state.tunnel = Tunnel(decision.host, port, decision)
-        state.pins[(decision.host, port)] = address
+        state.pin(decision.host, port, address)
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.request.method == "CONNECT":
@@ -141,7 +147,7 @@ class DestinationGuard:
             decision, address = await self.checker.check(request.host, request.port)
             if not decision.allowed:
                 return decision
-            state.pins[(decision.host, request.port)] = address
+            state.pin(decision.host, request.port, address)
         if decision.transform and request.scheme != "https":
             return policy.with_reason(spec, decision, policy.PLAINTEXT_CREDENTIALS)
         return decision
@@ -191,6 +197,8 @@ class DestinationGuard:
     async def _open_transparent_tls(self, data: tls.ClientHelloData) -> None:
         """Check the SNI of a redirected TLS connection and make it the connection's destination."""
         client, server = data.context.client, data.context.server
+        if server.address is None:  # fail closed (internal_error): redirected TCP always has one
+            raise RuntimeError("transparent connection without its original destination")
         _, port = server.address
         sni = data.client_hello.sni
         if sni:
@@ -204,7 +212,7 @@ class DestinationGuard:
             data.ignore_connection = True  # server_connect refuses: the client sees a close
             self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
             return
-        state.pins[(decision.host, port)] = address
+        state.pin(decision.host, port, address)
         # From here on the destination is the name (and its checked address), never the
         # address the client connected to: SNI `allowed.test` sent to another IP reaches
         # allowed.test. The upstream TLS handshake still uses the client's SNI.

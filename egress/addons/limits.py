@@ -151,6 +151,8 @@ class ConnectionLimits:
         self._flow_done(flow)
 
     def _flow_done(self, flow: http.HTTPFlow) -> None:
+        # Also drops the read timer of a flow that ended in an error (it never sees
+        # response headers) rather than keep the flow alive until the timer fires.
         self._cancel(self._read_timers, flow.id)
         slot = self.slots.get(flow.client_conn.id)
         if slot is None or flow.request.method == "CONNECT":
@@ -216,10 +218,6 @@ class ConnectionLimits:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self._cancel(self._read_timers, flow.id)
-
-    # A flow that ends in an error never sees response headers: drop its timer now
-    # rather than keep the flow alive until the timer fires.
-    error = responseheaders
 
     def _read_expired(self, flow: http.HTTPFlow, seconds: int) -> None:
         self._read_timers.pop(flow.id, None)
@@ -305,5 +303,6 @@ def install_head_limit() -> None:
             )
             self.state = self.done
 
-    _http1.Http1Server.read_headers = server_read_headers
-    _http1.Http1Client.read_headers = client_read_headers
+    # Deliberate patches of mitmproxy 12.3.1 (see the module docstring).
+    _http1.Http1Server.read_headers = server_read_headers  # type: ignore[method-assign]
+    _http1.Http1Client.read_headers = client_read_headers  # type: ignore[method-assign]

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from egress import __version__
 from egress.hooks import EVENTS, PRE_TOOL_EXECUTION
 
 EXIT_OK = 0
@@ -40,6 +41,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="egress-hooks", description="Run .agents/hooks.json hooks (SPEC §4).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def add_config_options(sub: argparse.ArgumentParser) -> None:

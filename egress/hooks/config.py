@@ -277,6 +277,7 @@ class _Parser:
         if url_problem is not None:
             self.problem(f"{where}.url", f"{url_problem}; skipped")
             return None
+        assert isinstance(url, str)  # _url_problem refused anything else
         headers = self.parse_headers(f"{where}.headers", body["headers"]) if "headers" in body else ()
         return HttpHandler(index=index, url=url, headers=headers, timeout=timeout)
 

@@ -70,7 +70,7 @@ def parse_decision_output(raw: bytes, truncated: bool = False) -> ParsedOutput:
         document = json.loads(text, object_pairs_hook=_DecisionObject)
     except (json.JSONDecodeError, RecursionError):
         return ParsedOutput(problem="unparsable_output")
-    if not isinstance(document, dict):
+    if not isinstance(document, _DecisionObject):  # every JSON object is one (object_pairs_hook)
         return ParsedOutput(problem="not_a_json_object")
     # `{"decision": "allow", "decision": "deny"}`: a JSON parser would keep the
     # last value; an ambiguous answer from a gate is read as the deny it contains.

@@ -46,6 +46,9 @@ class DispatchSettings:
     log: LogSink = field(default=log_to_stderr)
 
 
+DEFAULT_SETTINGS = DispatchSettings()  # frozen, so one shared default is safe
+
+
 @dataclass(frozen=True)
 class Decision:
     event: str
@@ -83,7 +86,7 @@ async def dispatch(
     config: HooksConfig,
     event_name: str,
     event: Mapping[str, Any],
-    settings: DispatchSettings = DispatchSettings(),
+    settings: DispatchSettings = DEFAULT_SETTINGS,
 ) -> Decision:
     if event_name not in EVENTS:
         raise ValueError(f"unknown hook event {event_name!r}; expected one of {', '.join(EVENTS)}")

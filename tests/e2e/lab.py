@@ -84,7 +84,7 @@ def in_netns(name: str):
 
 
 def _cert(subject: str, key, issuer_cert=None, issuer_key=None, sans=(), ca=False):
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (
         x509.CertificateBuilder()
@@ -261,7 +261,7 @@ class Lab:
         name: str = "spec.yaml",
         upstream_ca: bool = True,
         spec_path: Path | None = None,
-    ) -> "ProxyProcess":
+    ) -> ProxyProcess:
         """Start a proxy on `spec_text` (written to its own dir), or on an existing `spec_path`."""
         if upstream_ca:
             extra = ("--upstream-ca", str(self.upstream_ca), *extra)

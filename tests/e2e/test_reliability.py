@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import time
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 
 from e2e.clients import assert_denied, curl
@@ -231,6 +235,59 @@ def test_idle_tunnel_after_connect_is_closed(lab, faulty):
         sock.close()
     assert took < TIMEOUT + SLACK
     assert metric(faulty, 'egress_timeouts_total{kind="header"}') >= 1
+    assert_still_serving(lab, faulty)
+
+
+def _h2_request_that_fails_upstream(lab: Lab, proxy) -> tuple[ssl.SSLSocket, int]:
+    """HTTP/2 inside an intercepted CONNECT tunnel; the one request stalls upstream and
+    ends in the proxy's read timeout (an `error` flow). Returns the still-open socket
+    and the status the proxy answered with."""
+    raw = _connect(lab, proxy.port)
+    raw.settimeout(10)
+    raw.sendall(b"CONNECT stall-tls.example.test:8443 HTTP/1.1\r\nHost: stall-tls.example.test:8443\r\n\r\n")
+    assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+    context = ssl.create_default_context(cafile=str(proxy.ca))
+    context.set_alpn_protocols(["h2"])
+    sock = context.wrap_socket(raw, server_hostname="stall-tls.example.test")
+    assert sock.selected_alpn_protocol() == "h2"
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(
+        1,
+        [(":method", "GET"), (":scheme", "https"), (":authority", "stall-tls.example.test:8443"), (":path", "/")],
+        end_stream=True,
+    )
+    sock.sendall(conn.data_to_send())
+    status = 0
+    deadline = time.monotonic() + TIMEOUT + 10
+    while time.monotonic() < deadline:
+        data = sock.recv(65536)
+        assert data, "connection closed before the stream ended"
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                status = int(dict(event.headers)[b":status"])
+            if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                sock.sendall(conn.data_to_send())
+                return sock, status
+        sock.sendall(conn.data_to_send())
+    raise AssertionError("no answer to the stalled request")
+
+
+def test_idle_after_failed_request_is_closed(lab, faulty):
+    """A request that ends in an error must end its in-flight count, so that the idle
+    connection gets the request-head deadline again. (Regression: `error =
+    responseheaders` in the limits addon once replaced the `error` hook that did this;
+    the HTTP/2 connection then stayed open until --idle-timeout, 20 s here. HTTP/1
+    connections are closed after an error anyway, so HTTP/2 shows it.)"""
+    header_timeouts = metric(faulty, 'egress_timeouts_total{kind="header"}')
+    sock, status = _h2_request_that_fails_upstream(lab, faulty)
+    try:
+        assert status == 502
+        took = _seconds_until_closed(sock, 10)
+    finally:
+        sock.close()
+    assert TIMEOUT - 0.5 <= took < TIMEOUT + SLACK
+    assert metric(faulty, 'egress_timeouts_total{kind="header"}') == header_timeouts + 1
     assert_still_serving(lab, faulty)
 
 

@@ -52,7 +52,8 @@ TABLE = [
     ("2001:2::1", C.BENCHMARKING, "forbidden_address"),
     ("240.0.0.1", C.RESERVED, "forbidden_address"),
     ("255.255.255.254", C.RESERVED, "forbidden_address"),
-    ("192.0.0.8", C.RESERVED, "forbidden_address"),
+    ("192.0.0.7", C.RESERVED, "forbidden_address"),
+    ("192.0.0.8", C.NOT_A_LOCATOR, "forbidden_address"),  # dummy address
     ("fc00::1", C.PRIVATE, "forbidden_address"),
     ("fd12:3456::1", C.PRIVATE, "forbidden_address"),
     ("fec0::1", C.RESERVED, "forbidden_address"),
@@ -273,7 +274,10 @@ def test_allow_cidrs_version_mismatch_is_ignored():
         ("::ffff:0:0/96", "IPv4-embedding"),
         ("64:ff9b::/96", "IPv4-embedding"),
         ("::/96", "unspecified"),
-        ("2000::/3", "IPv4-embedding"),
+        ("2000::/3", "not_a_locator"),  # overlaps ORCHIDv2, DRIP, ... before any carrier
+        ("2002::/16", "IPv4-embedding"),
+        ("2001:20::/28", "not_a_locator"),
+        ("192.0.0.0/24", "not_a_locator"),  # holds the dummy address 192.0.0.8
         ("2001::/32", "IPv4-embedding"),
     ],
 )

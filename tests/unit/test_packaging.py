@@ -30,3 +30,17 @@ def test_console_scripts_run_from_the_installed_wheel(tmp_path):
     assert out.returncode == 0, out.stderr
     out = subprocess.run([bin_dir / "egress-hooks", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "dispatch" in out.stdout
+
+
+def test_version_flags_print_the_installed_package_version(tmp_path):
+    """`--version` answers with the version of the installed distribution and exits 0."""
+    import egress
+
+    installed = importlib.metadata.version("egress-proxy")
+    assert egress.__version__ == installed  # pyproject.toml and egress/__init__.py agree
+    bin_dir = Path(sys.executable).parent
+    for command in ("egress-proxy", "egress-hooks"):
+        out = subprocess.run([bin_dir / command, "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == f"{command} {installed}\n"
+        assert out.stderr == ""

@@ -91,6 +91,8 @@ async def run_command(
     except OSError as exc:
         return CommandResult(None, b"", False, b"", False, elapsed_ms(), spawn_error=f"{type(exc).__name__}: {exc.strerror or exc}")
 
+    # All three pipes were requested above, so none of them is None.
+    assert process.stdout is not None and process.stderr is not None
     stdout = _Capture(process.stdout, head=MAX_OUTPUT_BYTES)
     stderr = _Capture(process.stderr, tail=MAX_STDERR_BYTES)
     writer = asyncio.create_task(_feed_stdin(process, stdin_data))
@@ -131,6 +133,7 @@ async def run_command(
 
 async def _feed_stdin(process: asyncio.subprocess.Process, data: bytes) -> None:
     stdin = process.stdin
+    assert stdin is not None  # spawned with stdin=PIPE
     try:
         stdin.write(data)
         await stdin.drain()
