@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import hashlib
 import os
 import re
 import time
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from egress import metrics
 from egress.reload import Fingerprint, _fingerprint, _log
-from egress.spec import Spec, SpecError, load_spec
+from egress.spec import Spec, SpecError, parse_spec
 
 ENVIRONMENT_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
@@ -67,20 +68,40 @@ def spec_files(directory: Path) -> list[SpecFile]:
 
 def load_environment(spec_file: SpecFile, report_only: bool = False) -> Spec:
     """Load one environment's spec; raises SpecError naming the file."""
+    return _load_with_digest(spec_file, report_only)[0]
+
+
+def _load_with_digest(spec_file: SpecFile, report_only: bool) -> tuple[Spec, bytes]:
+    """The spec and a digest of the very text it was parsed from."""
     if (problem := environment_problem(spec_file.environment)) is not None:
         raise SpecError([f"{spec_file.path}: {problem}"])
-    spec = load_spec(spec_file.path)
-    return dataclasses.replace(spec, environment=spec_file.environment, mode="report" if report_only else spec.mode)
+    try:
+        text = spec_file.path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([f"{spec_file.path}: file not found"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([f"{spec_file.path}: cannot read ({getattr(exc, 'strerror', None) or exc})"]) from None
+    spec = parse_spec(text, source=str(spec_file.path))
+    spec = dataclasses.replace(spec, environment=spec_file.environment, mode="report" if report_only else spec.mode)
+    return spec, _digest(text.encode("utf-8"))
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 def load_directory(directory: str | Path, report_only: bool = False) -> tuple[dict[str, tuple[SpecFile, Spec]], list[str]]:
     """Every environment in `directory`, and one line per problem (all files are tried)."""
-    directory = Path(directory)
+    loaded, problems = _load_all(Path(directory), report_only)
+    return {env: (e.spec_file, e.spec) for env, e in loaded.items()}, problems
+
+
+def _load_all(directory: Path, report_only: bool) -> tuple[dict[str, _Loaded], list[str]]:
     try:
         files = spec_files(directory)
     except OSError as exc:
         return {}, [f"{directory}: cannot list the spec directory ({exc.strerror})"]
-    loaded: dict[str, tuple[SpecFile, Spec]] = {}
+    loaded: dict[str, _Loaded] = {}
     problems: list[str] = []
     by_id: dict[str, SpecFile] = {}
     for spec_file in files:
@@ -90,7 +111,7 @@ def load_directory(directory: str | Path, report_only: bool = False) -> tuple[di
             continue
         by_id[spec_file.environment] = spec_file
         try:
-            loaded[spec_file.environment] = (spec_file, load_environment(spec_file, report_only))
+            loaded[spec_file.environment] = _load_one(spec_file, report_only)
         except SpecError as exc:
             problems.extend(exc.problems)
     return loaded, problems
@@ -101,6 +122,22 @@ class _Loaded:
     spec_file: SpecFile
     spec: Spec
     seen: Fingerprint  # of the file and its secret files, when last loaded (or tried)
+    # Of the text the spec was parsed from. A ConfigMap update swaps every file's inode
+    # (kubelet writes a new directory), so a stat change alone does not mean this file
+    # changed: its content is compared before a thousand environments are re-parsed.
+    digest: bytes = b""
+
+    def unchanged_content(self, now: Fingerprint) -> bool:
+        """True (and remembered) when only the spec file's stat changed, not its text or secrets."""
+        if now[1:] != self.seen[1:]:
+            return False  # a secret file changed
+        try:
+            same = _digest(self.spec_file.path.read_bytes()) == self.digest
+        except OSError:
+            return False
+        if same:
+            self.seen = now
+        return same
 
 
 class EnvironmentRegistry:
@@ -112,12 +149,10 @@ class EnvironmentRegistry:
         self.directory = Path(directory)
         self.report_only = report_only
         self.count_reloads = count_reloads  # with --workers, one worker counts
-        loaded, problems = load_directory(self.directory, report_only)
+        loaded, problems = _load_all(self.directory, report_only)
         if problems:
             raise SpecError(problems)  # like --spec: the proxy never starts on a broken spec
-        self._environments = {
-            env: _Loaded(spec_file, spec, _fingerprint_of(spec_file, spec)) for env, (spec_file, spec) in loaded.items()
-        }
+        self._environments = loaded
         # Files that failed after start and have no environment (bad name, never loaded):
         # remembered so a broken file is not retried on every poll.
         self._failed: dict[Path, Fingerprint] = {}
@@ -161,7 +196,8 @@ class EnvironmentRegistry:
             present[spec_file.environment] = spec_file
             loaded = self._environments.get(spec_file.environment)
             if loaded is not None and loaded.spec_file == spec_file:
-                if _fingerprint_of(spec_file, loaded.spec) != loaded.seen:
+                now = _fingerprint_of(spec_file, loaded.spec)
+                if now != loaded.seen and not loaded.unchanged_content(now):
                     to_load.append(spec_file)
             elif self._failed.get(spec_file.path) != _file_fingerprint(spec_file):
                 to_load.append(spec_file)
@@ -203,11 +239,12 @@ class EnvironmentRegistry:
     def _load(self, spec_file: SpecFile, trigger: str) -> bool:
         previous = self._environments.get(spec_file.environment)
         try:
-            spec = load_environment(spec_file, self.report_only)
+            loaded = _load_one(spec_file, self.report_only)
         except SpecError as exc:
             return self._fail(spec_file, trigger, exc.problems)
+        spec = loaded.spec
         self._failed.pop(spec_file.path, None)
-        self._environments[spec_file.environment] = _Loaded(spec_file, spec, _fingerprint_of(spec_file, spec))
+        self._environments[spec_file.environment] = loaded
         self._count(spec_file.environment, "success")
         gc.freeze()  # long-lived like the first load (see egress.cli)
         _log(
@@ -246,6 +283,14 @@ class EnvironmentRegistry:
             await asyncio.sleep(self.POLL_SECONDS)
             if self.changed():
                 self.reload("file_changed")
+
+
+def _load_one(spec_file: SpecFile, report_only: bool) -> _Loaded:
+    # The file's stat is taken before it is read: a change racing the read shows up
+    # as a changed stat at the next poll instead of being lost.
+    before = _file_fingerprint(spec_file)
+    spec, digest = _load_with_digest(spec_file, report_only)
+    return _Loaded(spec_file, spec, before + _fingerprint(list(spec.secret_files)), digest)
 
 
 def _file_fingerprint(spec_file: SpecFile) -> Fingerprint:
