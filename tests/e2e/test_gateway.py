@@ -460,3 +460,54 @@ def test_spec_dir_start_refuses_broken_files_naming_them(lab, tmp_path):
                                                 "(lower-case letters, digits, '.', '_', '-'; starting with a letter or digit; at most 63 characters)"]  # fmt: skip
     with pytest.raises(RuntimeError, match="Env_Upper.yaml"):
         lab.start_proxy(None, spec_dir=directory, env={"GW_TOKEN_C": TOKEN_C})
+
+
+# -- hooks through the gateway -------------------------------------------------------------------
+
+HOOK_CANARY = "hook-canary-" + secrets.token_hex(8)
+HOOK_TOKEN = "tok-hooks-" + secrets.token_hex(8)
+HOOKS = {"audit-logging": {"post_tool_execution": [{"matcher": "*", "hooks": [
+    {"type": "http", "url": "https://telemetry.example.test/api/v1/agent-events", "timeout": 10}]}]}}  # fmt: skip
+HOOK_EVENT = {"tool_call": {"name": "write_file", "args": {"path": "/w/x"}}, "environment_id": "hooks-env"}
+
+
+def test_hooks_send_proxy_credentials_from_https_proxy(lab, tmp_path):
+    directory = tmp_path / "envs"
+    directory.mkdir()
+    (directory / "hooks-env.yaml").write_text(
+        f"network:\n  proxyToken: {HOOK_TOKEN}\n  allowCidrs: [198.18.0.0/15]\n  allowlist:\n"
+        f"    - domain: telemetry.example.test\n      transform: {{Authorization: 'Bearer {HOOK_CANARY}'}}\n"
+    )
+    proxy = lab.start_proxy(None, spec_dir=directory)
+    config = tmp_path / "hooks.json"
+    config.write_text(json.dumps(HOOKS))
+    hooks_bin = str(Path(EGRESS_PROXY).with_name("egress-hooks"))
+
+    def dispatch(proxy_url: str, *args: str) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "HTTPS_PROXY": proxy_url, "HTTP_PROXY": proxy_url, "SSL_CERT_FILE": str(proxy.ca)}
+        return subprocess.run(
+            ["ip", "netns", "exec", lab.proxy_ns, hooks_bin, "dispatch", "post_tool_execution", "--config", str(config), *args],
+            input=json.dumps(HOOK_EVENT), capture_output=True, text=True, timeout=30, env=env,
+        )  # fmt: skip
+
+    def hits() -> list[dict]:
+        return [r for r in upstream_hits(lab, HOSTS["telemetry.example.test"]) if HOOK_CANARY in json.dumps(r)]
+
+    try:
+        out = dispatch(as_user(proxy, "hooks-env", HOOK_TOKEN).url)
+        assert out.returncode == 0 and json.loads(out.stdout) == {}, out.stderr
+        assert len(hits()) == 1
+        assert "proxy-authorization" not in {k.lower() for k, _ in hits()[0]["headers"]}
+        # `--proxy URL` with credentials works the same.
+        out = dispatch("http://127.0.0.1:1", "--proxy", as_user(proxy, "hooks-env", HOOK_TOKEN).url)
+        assert out.returncode == 0 and len(hits()) == 2, out.stderr
+        # Without (or with wrong) credentials the gateway answers 407: the hook fails open, logged.
+        for url in (proxy.url, as_user(proxy, "hooks-env", "wrong-" + HOOK_TOKEN).url):
+            out = dispatch(url)
+            assert out.returncode == 0 and json.loads(out.stdout) == {}
+            assert len(hits()) == 2
+            assert HOOK_TOKEN not in out.stdout + out.stderr
+        assert any(e["reason"] == "proxy_auth_required" and e["environment"] == "hooks-env" for e in proxy.audit())
+    finally:
+        proxy.stop()
+    assert HOOK_CANARY not in proxy.stdout() + proxy.stderr() and HOOK_TOKEN not in proxy.stdout() + proxy.stderr()
