@@ -827,3 +827,95 @@ def test_readme_install_command_and_sandbox_pod(helm, tmp_path):
         <= pod["metadata"]["labels"].items()
     )
     assert pod["metadata"]["namespace"] == namespace == policy["metadata"]["namespace"]
+
+
+# --- many environments in one gateway (--spec-dir) -------------------------------------------
+
+
+def test_environments_configmap_accepted_by_check_spec_dir(render, tmp_path):
+    values_file = CI_VALUES["gateway-environments"]
+    values = yaml.safe_load(values_file.read_text(encoding="utf-8"))
+    docs = render(values_file)
+    data = one(docs, "ConfigMap", "-environments")["data"]
+    assert sorted(data) == sorted(f"{env}.yaml" for env in values["environments"])
+    workload = one(docs, "Deployment")
+    spec = pod_spec(workload)
+    proxy = container(spec, "egress-proxy")
+    assert "--spec" not in proxy["args"]
+    spec_dir = proxy["args"][proxy["args"].index("--spec-dir") + 1]
+    spec_volume = next(v for v in spec["volumes"] if v.get("configMap", {}).get("name", "").endswith("-environments"))
+    mount = next(m for m in proxy["volumeMounts"] if m["name"] == spec_volume["name"])
+    assert mount["mountPath"] == spec_dir and "subPath" not in mount
+    mounts = _secret_mounts(spec, "egress-proxy")
+
+    # Every ${file:} (tokens and transforms) points into the environment's own Secret.
+    root = tmp_path / "secrets"
+    secret_values = {}
+    for name, text in data.items():
+        environment = name.removesuffix(".yaml")
+        for ref in FILE_REF.findall(text):
+            directory, _, key = ref.rpartition("/")
+            assert mounts.get(directory) == values["environments"][environment]["secretName"], (ref, mounts)
+            assert directory.endswith(f"/{environment}")
+            secret_values[ref] = f"sk-test-{environment}-{key}-do-not-render"
+            target = root / ref.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(secret_values[ref] + "\n", encoding="utf-8")
+    assert any(ref.endswith("/team-a/proxyToken") for ref in secret_values), "the chart sets proxyToken from the Secret"
+    local = tmp_path / "environments"
+    local.mkdir()
+    for name, text in data.items():
+        (local / name).write_text(FILE_REF.sub(lambda m: f"${{file:{root}{m.group(1)}}}", text), encoding="utf-8")
+    out = subprocess.run(
+        [find_tool("egress-proxy"), "check", "--spec-dir", str(local)],
+        check=False, capture_output=True, text=True, timeout=60, env={**os.environ, "FROZEN_TOKEN": "frozen-token"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok (3 environments, 3 allowlist entries)" in out.stdout
+    rendered = helm_template_text(render, values_file)
+    for value in secret_values.values():
+        assert value not in rendered
+
+
+ENVIRONMENT_ERRORS = {
+    "sidecar": ({"pattern": "sidecar", "sidecar": {"dnsServers": ["10.96.0.10"]}, "environments": {"a": {"secretName": "s", "spec": {"allowlist": []}}}},
+                "only with pattern: gateway"),
+    "literal token": ({"environments": {"a": {"spec": {"network": {"proxyToken": "tok-123", "allowlist": []}}}}},
+                      "proxyToken"),
+    "literal transform": ({"environments": {"a": {"secretName": "s", "spec": {"allowlist": [
+        {"domain": "x.example.com", "transform": {"Authorization": "Bearer sk-123"}}]}}}}, "transform"),
+    "bad id": ({"environments": {"Team_A": {"secretName": "s", "spec": {"allowlist": []}}}}, "Team_A"),
+    "no token": ({"environments": {"a": {"spec": {"allowlist": []}}}}, "would refuse every client"),
+    "no spec": ({"environments": {"a": {"secretName": "s"}}}, "environments.a.spec: missing"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ENVIRONMENT_ERRORS)
+def test_environments_bad_values_are_refused(helm, tmp_path, case):
+    values, message = ENVIRONMENT_ERRORS[case]
+    out = helm_template(helm, write_values(tmp_path, "bad", values))
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+    assert "sk-123" not in out.stdout and "tok-123" not in out.stdout
+
+
+def test_environments_from_an_existing_configmap(render, tmp_path):
+    values = {"existingEnvironmentsConfigMap": "my-envs", "environments": {"team-a": {"secretName": "egress-team-a"}}}
+    docs = render(write_values(tmp_path, "existing", values))
+    assert not [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith(("-environments", "-spec"))]
+    spec = pod_spec(one(docs, "Deployment"))
+    assert {"name": "spec", "configMap": {"name": "my-envs"}} in spec["volumes"]
+    assert _secret_mounts(spec, "egress-proxy")["/var/run/secrets/egress-proxy/environments/team-a"] == "egress-team-a"
+    assert "--spec-dir" in container(spec, "egress-proxy")["args"]
+
+
+def test_environments_notes_print_the_proxy_url_form(helm, tmp_path):
+    out = subprocess.run(
+        [helm, "install", "rel", str(CHART), "--namespace", "sandboxes", "--dry-run=client",
+         "-f", str(CI_VALUES["gateway-environments"])],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    notes = out.stdout[out.stdout.index("NOTES:") :]
+    assert "HTTPS_PROXY=http://ENV_ID:TOKEN@rel-egress-proxy.sandboxes.svc:8080" in notes
+    assert 'value: "http://frozen:$(EGRESS_PROXY_TOKEN)@rel-egress-proxy.sandboxes.svc:8080"' in notes
+    assert "Environments (3): frozen, team-a, team-b.prod" in notes
