@@ -25,6 +25,7 @@ import gc
 import hashlib
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,15 +55,33 @@ def environment_problem(stem: str) -> str | None:
 
 def spec_files(directory: Path) -> list[SpecFile]:
     """The environment files directly in `directory`, sorted; raises OSError if it cannot be listed."""
+    return [SpecFile(stem, Path(path)) for stem, path, _ in _listing(directory)]
+
+
+FileStat = tuple[str, int, int, int, int]  # as in egress.reload's fingerprints
+
+
+def _listing(directory: Path) -> list[tuple[str, str, FileStat]]:
+    """(stem, path, stat) of the environment files, sorted: one stat per file, the poll's whole cost.
+
+    Plain strings, no Path objects: building a thousand of them took most of a poll.
+    """
     found = []
-    for name in sorted(os.listdir(directory)):
-        if name.startswith("."):
-            continue  # dotfiles, editors' swap files, a ConfigMap's `..data` and `..<timestamp>`
-        path = directory / name
-        stem, suffix = os.path.splitext(name)
-        if suffix not in SPEC_SUFFIXES or not path.is_file():  # follows a ConfigMap's links
-            continue
-        found.append(SpecFile(stem, path))
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            name = entry.name
+            if name.startswith("."):
+                continue  # dotfiles, editors' swap files, a ConfigMap's `..data` and `..<timestamp>`
+            stem, suffix = os.path.splitext(name)
+            if suffix not in SPEC_SUFFIXES:
+                continue
+            try:
+                st = os.stat(entry.path)  # follows a ConfigMap's links
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found.append((stem, entry.path, (entry.path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)))
+    found.sort(key=lambda item: item[1])
     return found
 
 
@@ -127,6 +146,9 @@ class _Loaded:
     # changed: its content is compared before a thousand environments are re-parsed.
     digest: bytes = b""
 
+    def seen_secrets(self) -> Fingerprint:
+        return _fingerprint(list(self.spec.secret_files))
+
     def unchanged_content(self, now: Fingerprint) -> bool:
         """True (and remembered) when only the spec file's stat changed, not its text or secrets."""
         if now[1:] != self.seen[1:]:
@@ -155,7 +177,7 @@ class EnvironmentRegistry:
         self._environments = loaded
         # Files that failed after start and have no environment (bad name, never loaded):
         # remembered so a broken file is not retried on every poll.
-        self._failed: dict[Path, Fingerprint] = {}
+        self._failed: dict[str, Fingerprint] = {}  # path -> its stat when it failed
         metrics.init_labels()
         self._in_force()
 
@@ -184,28 +206,28 @@ class EnvironmentRegistry:
         a stat per file, and a reload loads only the files that changed.
         """
         try:
-            files = spec_files(self.directory)
+            files = _listing(self.directory)
         except OSError:
             return None
-        present: dict[str, SpecFile] = {}
+        present: dict[str, str] = {}  # environment -> path
         to_load, duplicates = [], []
-        for spec_file in files:
-            if spec_file.environment in present:
-                duplicates.append(spec_file)
+        for environment, path, file_stat in files:
+            if environment in present:
+                if self._failed.get(path) != (file_stat,):
+                    duplicates.append(SpecFile(environment, Path(path)))
                 continue
-            present[spec_file.environment] = spec_file
-            loaded = self._environments.get(spec_file.environment)
-            if loaded is not None and loaded.spec_file == spec_file:
-                now = _fingerprint_of(spec_file, loaded.spec)
+            present[environment] = path
+            loaded = self._environments.get(environment)
+            if loaded is not None and loaded.seen[0][0] == path:
+                now = (file_stat, *loaded.seen_secrets()) if loaded.spec.secret_files else (file_stat,)
                 if now != loaded.seen and not loaded.unchanged_content(now):
-                    to_load.append(spec_file)
-            elif self._failed.get(spec_file.path) != _file_fingerprint(spec_file):
-                to_load.append(spec_file)
+                    to_load.append(loaded.spec_file)
+            elif self._failed.get(path) != (file_stat,):
+                to_load.append(SpecFile(environment, Path(path)))
         reloading = {f.environment for f in to_load}
         removed = [
-            e for e, loaded in self._environments.items() if present.get(e) != loaded.spec_file and e not in reloading
+            e for e, loaded in self._environments.items() if present.get(e) != loaded.seen[0][0] and e not in reloading
         ]
-        duplicates = [f for f in duplicates if self._failed.get(f.path) != _file_fingerprint(f)]
         return to_load, duplicates, removed
 
     def reload(self, trigger: str) -> bool:
@@ -221,6 +243,8 @@ class EnvironmentRegistry:
             _log("spec_dir_unreadable", trigger=trigger, directory=str(self.directory))
             return False
         to_load, duplicates, removed = scan
+        if not (to_load or duplicates or removed):
+            return True
         ok = True
         for spec_file in duplicates:
             # Two files for one id (a.yaml and a.json): the first (sorted) keeps serving.
@@ -232,7 +256,7 @@ class EnvironmentRegistry:
             del self._environments[environment]
             self._count(environment, "removed")
             _log("environment_removed", trigger=trigger, environment=environment)
-        self._failed = {path: fp for path, fp in self._failed.items() if path.exists()}
+        self._failed = {path: fp for path, fp in self._failed.items() if os.path.exists(path)}
         self._in_force()
         return ok
 
@@ -243,7 +267,7 @@ class EnvironmentRegistry:
         except SpecError as exc:
             return self._fail(spec_file, trigger, exc.problems)
         spec = loaded.spec
-        self._failed.pop(spec_file.path, None)
+        self._failed.pop(str(spec_file.path), None)
         self._environments[spec_file.environment] = loaded
         self._count(spec_file.environment, "success")
         gc.freeze()  # long-lived like the first load (see egress.cli)
@@ -260,7 +284,7 @@ class EnvironmentRegistry:
             # Keep the last good spec; do not retry the same broken file every poll.
             loaded.seen = _fingerprint_of(spec_file, loaded.spec)
         else:
-            self._failed[spec_file.path] = _file_fingerprint(spec_file)
+            self._failed[str(spec_file.path)] = _file_fingerprint(spec_file)
         # The label is an environment only when the name is one; a bad name counts under "".
         self._count(spec_file.environment if valid_id else "", "failure")
         _log(
@@ -281,8 +305,7 @@ class EnvironmentRegistry:
     async def watch(self) -> None:
         while True:
             await asyncio.sleep(self.POLL_SECONDS)
-            if self.changed():
-                self.reload("file_changed")
+            self.reload("file_changed")  # one scan: a stat per file; loads only what changed
 
 
 def _load_one(spec_file: SpecFile, report_only: bool) -> _Loaded:
