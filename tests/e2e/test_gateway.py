@@ -511,3 +511,57 @@ def test_hooks_send_proxy_credentials_from_https_proxy(lab, tmp_path):
     finally:
         proxy.stop()
     assert HOOK_CANARY not in proxy.stdout() + proxy.stderr() and HOOK_TOKEN not in proxy.stdout() + proxy.stderr()
+
+
+# -- per-environment connection cap and workers --------------------------------------------------
+
+
+def _bound_connection(lab, port: int, user: str, token: str) -> socket.socket:
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"GET http://plain.test/cap HTTP/1.1\r\nHost: plain.test\r\nProxy-Authorization: {basic(user, token)}\r\n\r\n".encode())
+    return sock
+
+
+def test_connections_per_environment_are_capped(lab, tmp_path):
+    directory = tmp_path / "envs"
+    write_environments(directory)
+    proxy = lab.start_proxy(None, "--max-connections-per-environment", "2", spec_dir=directory, env={"GW_TOKEN_C": TOKEN_C})
+    held = []
+    try:
+        for _ in range(2):
+            held.append(_bound_connection(lab, proxy.port, "env-a", TOKEN_A))
+            assert parse(_read_response(held[-1]))[0] == 200
+        # env-a is at its cap: a third connection is refused; env-b is not affected.
+        third = _bound_connection(lab, proxy.port, "env-a", TOKEN_A)
+        status, headers, body = parse(_read_response(third))
+        third.close()
+        assert status == 429 and headers["x-egress-denied"] == "connection_limit", body
+        other = _bound_connection(lab, proxy.port, "env-b", TOKEN_B)
+        assert parse(_read_response(other))[0] == 200
+        other.close()
+        # A closed connection frees its slot.
+        held.pop().close()
+        assert wait_for(lambda: curl(lab, as_user(proxy, "env-a", TOKEN_A), "http://plain.test/after")[0] == 200, timeout=5)
+        _, exposition = proxy.get_ops("/metrics")
+        assert 'egress_connections_refused_total{limit="per_environment"} 1.0' in exposition
+    finally:
+        for sock in held:
+            sock.close()
+        proxy.stop()
+
+
+def test_spec_dir_with_workers(lab, tmp_path):
+    directory = tmp_path / "envs"
+    write_environments(directory)
+    proxy = lab.start_proxy(None, "--workers", "2", spec_dir=directory, env={"GW_TOKEN_C": TOKEN_C})
+    try:
+        for _ in range(4):
+            status, _, body = curl(lab, as_user(proxy, "env-b", TOKEN_B), "https://api.example.test/w")
+            assert status == 200 and echoed_headers(body)["authorization"] == f"Bearer {CANARY_B}"
+            assert curl(lab, as_user(proxy, "env-b", TOKEN_A), "http://plain.test/w")[0] == 407
+        _, exposition = proxy.get_ops("/metrics")
+        assert "egress_environments 3.0" in exposition
+        assert 'egress_credential_injections_total{environment="env-b",rule="api.example.test"} 4.0' in exposition
+    finally:
+        proxy.stop()
