@@ -565,3 +565,19 @@ def test_spec_dir_with_workers(lab, tmp_path):
         assert 'egress_credential_injections_total{environment="env-b",rule="api.example.test"} 4.0' in exposition
     finally:
         proxy.stop()
+
+
+def test_a_fault_in_the_environment_gate_fails_closed(lab, tmp_path):
+    directory = tmp_path / "envs"
+    write_environments(directory)
+    env = {"GW_TOKEN_C": TOKEN_C, "EGRESS_TEST_FAULT": "EnvironmentGate.requestheaders,EnvironmentGate.http_connect"}
+    proxy = lab.start_proxy(None, spec_dir=directory, env=env)
+    try:
+        a = as_user(proxy, "env-a", TOKEN_A)
+        status, headers, _ = curl(lab, a, "http://plain.test/fault")
+        assert status == 403 and headers["x-egress-denied"] == "internal_error"
+        status, headers, _ = curl(lab, a, "https://api.example.test/fault")
+        assert status == 403 and headers["x-egress-denied"] == "internal_error"
+        assert not [r for r in lab.upstream_requests() if r["path"] == "/fault"]
+    finally:
+        proxy.stop()
