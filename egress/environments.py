@@ -178,6 +178,7 @@ class EnvironmentRegistry:
         # Files that failed after start and have no environment (bad name, never loaded):
         # remembered so a broken file is not retried on every poll.
         self._failed: dict[str, Fingerprint] = {}  # path -> its stat when it failed
+        self._unreadable = False
         metrics.init_labels()
         self._in_force()
 
@@ -238,10 +239,14 @@ class EnvironmentRegistry:
         """
         scan = self._scan()
         if scan is None:
-            # An unreadable directory is not "every file removed": keep serving what we have.
-            self._count("", "failure")
-            _log("spec_dir_unreadable", trigger=trigger, directory=str(self.directory))
+            # An unreadable directory is not "every file removed": keep serving what we have,
+            # and say so once (not twice a second) until it can be read again.
+            if not self._unreadable:
+                self._unreadable = True
+                self._count("", "failure")
+                _log("spec_dir_unreadable", trigger=trigger, directory=str(self.directory))
             return False
+        self._unreadable = False
         to_load, duplicates, removed = scan
         if not (to_load or duplicates or removed):
             return True

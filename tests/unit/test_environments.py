@@ -260,3 +260,19 @@ def test_spec_dir_needs_regular_mode(tmp_path):
     (tmp_path / "a.yaml").write_text(spec_text())
     out = egress_proxy("run", "--spec-dir", str(tmp_path), "--mode", "transparent", "--confdir", str(tmp_path / "c"))
     assert out.returncode == 2 and "--spec-dir needs --mode regular" in out.stderr
+
+
+def test_unreadable_directory_keeps_serving_and_is_reported_once(tmp_path, capsys):
+    d = tmp_path / "envs"
+    d.mkdir()
+    (d / "a.yaml").write_text(spec_text())
+    registry = EnvironmentRegistry(d)
+    moved = tmp_path / "elsewhere"
+    d.rename(moved)
+    failures = counter("", "failure")
+    for _ in range(3):
+        assert not registry.reload("file_changed")
+    assert registry.environments == ["a"] and counter("", "failure") == failures + 1
+    assert capsys.readouterr().err.count("spec_dir_unreadable") == 1
+    moved.rename(d)
+    assert registry.reload("file_changed") and registry.environments == ["a"]
