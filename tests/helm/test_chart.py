@@ -919,3 +919,34 @@ def test_environments_notes_print_the_proxy_url_form(helm, tmp_path):
     assert "HTTPS_PROXY=http://ENV_ID:TOKEN@rel-egress-proxy.sandboxes.svc:8080" in notes
     assert 'value: "http://frozen:$(EGRESS_PROXY_TOKEN)@rel-egress-proxy.sandboxes.svc:8080"' in notes
     assert "Environments (3): frozen, team-a, team-b.prod" in notes
+
+
+def test_environments_as_bare_specs_with_environment_secrets(render, tmp_path):
+    """`environments` as id -> spec (the issue's form), Secrets from `environmentSecrets`."""
+    values = {
+        "environments": {
+            "env-a": {"network": {"allowlist": [{"domain": "api.example.com", "transform": {
+                "Authorization": "Bearer ${file:/var/run/secrets/egress-proxy/environments/env-a/api}"}}]}},
+            "env-b": {"allowlist": [{"domain": "pypi.org"}]},
+        },
+        "environmentSecrets": {"env-a": "secret-a", "env-b": "secret-b"},
+    }  # fmt: skip
+    jsonschema.validate({**DEFAULTS, **values}, SCHEMA)
+    docs = render(write_values(tmp_path, "bare", values))
+    data = one(docs, "ConfigMap", "-environments")["data"]
+    assert yaml.safe_load(data["env-b.yaml"]) == {
+        "allowlist": [{"domain": "pypi.org"}],
+        "proxyToken": "${file:/var/run/secrets/egress-proxy/environments/env-b/proxyToken}",
+    }
+    assert yaml.safe_load(data["env-a.yaml"])["network"]["proxyToken"].endswith("/env-a/proxyToken}")
+    mounts = _secret_mounts(pod_spec(one(docs, "Deployment")), "egress-proxy")
+    assert mounts["/var/run/secrets/egress-proxy/environments/env-a"] == "secret-a"
+    assert mounts["/var/run/secrets/egress-proxy/environments/env-b"] == "secret-b"
+
+
+def test_existing_configmap_with_environment_secrets(render, tmp_path):
+    values = {"existingEnvironmentsConfigMap": "my-envs", "environmentSecrets": {"team-a": "egress-team-a"}}
+    jsonschema.validate({**DEFAULTS, **values}, SCHEMA)
+    spec = pod_spec(one(render(write_values(tmp_path, "existing", values)), "Deployment"))
+    assert {"name": "spec", "configMap": {"name": "my-envs"}} in spec["volumes"]
+    assert _secret_mounts(spec, "egress-proxy")["/var/run/secrets/egress-proxy/environments/team-a"] == "egress-team-a"

@@ -61,9 +61,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+`environments` normalised: id -> {spec, secretName}. An entry is either a spec
+itself (`network:` or `allowlist:` inside) or `{spec, secretName}`; `environmentSecrets`
+(id -> Secret) gives or overrides nothing but fills a missing secretName, and lists
+the Secrets of environments whose specs come from `existingEnvironmentsConfigMap`.
+*/}}
+{{- define "egress-proxy.environmentEntries" -}}
+{{- $out := dict }}
+{{- $secrets := .Values.environmentSecrets | default dict }}
+{{- range $id, $e := .Values.environments }}
+{{- $e = $e | default dict }}
+{{- if or (hasKey $e "spec") (hasKey $e "secretName") }}
+{{- $_ := set $out $id (dict "spec" ($e.spec | default dict) "secretName" ($e.secretName | default (get $secrets $id) | default "")) }}
+{{- else }}
+{{- $_ := set $out $id (dict "spec" $e "secretName" (get $secrets $id | default "")) }}
+{{- end }}
+{{- end }}
+{{- range $id, $secret := $secrets }}
+{{- if not (hasKey $out $id) }}
+{{- $_ := set $out $id (dict "spec" dict "secretName" $secret) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
 {{/* Non-empty when the gateway serves many environments (`--spec-dir`). */}}
 {{- define "egress-proxy.manyEnvironments" -}}
-{{- if or .Values.environments .Values.existingEnvironmentsConfigMap }}true{{ end }}
+{{- if or .Values.environments .Values.existingEnvironmentsConfigMap .Values.environmentSecrets }}true{{ end }}
 {{- end }}
 
 {{/* Volume name of an environment's Secret: ids may be 63 characters, volume names too. */}}
@@ -209,7 +234,7 @@ mitmproxy-ca-cert.pem. mitmproxy also writes its dhparam file there.
   mountPath: {{ printf "%s/%s" $.Values.transformSecretsMountPath .name }}
   readOnly: true
 {{- end }}
-{{- range $id, $env := .Values.environments }}
+{{- range $id, $env := include "egress-proxy.environmentEntries" $ | fromYaml }}
 {{- if $env.secretName }}
 - name: {{ include "egress-proxy.environmentSecretVolume" $id }}
   mountPath: {{ printf "%s/%s" $.Values.environmentSecretsMountPath $id }}
@@ -258,7 +283,7 @@ mount these volumes, so the sandbox container still cannot read them).
     secretName: {{ .name }}
     defaultMode: {{ $mode }}
 {{- end }}
-{{- range $id, $env := .Values.environments }}
+{{- range $id, $env := include "egress-proxy.environmentEntries" . | fromYaml }}
 {{- if $env.secretName }}
 - name: {{ include "egress-proxy.environmentSecretVolume" $id }}
   secret:
@@ -338,7 +363,7 @@ prometheus.io/path: /metrics
 {{- if ne .Values.pattern "gateway" }}
 {{- fail "environments / existingEnvironmentsConfigMap: only with pattern: gateway (a sidecar serves the one environment of its pod; use `environment`)" }}
 {{- end }}
-{{- range $id, $env := .Values.environments }}
+{{- range $id, $env := include "egress-proxy.environmentEntries" $ | fromYaml }}
 {{- if not (regexMatch "^[a-z0-9][a-z0-9._-]{0,62}$" $id) }}
 {{- fail (printf "environments.%s: not a valid environment id ([a-z0-9][a-z0-9._-]{0,62})" $id) }}
 {{- end }}
