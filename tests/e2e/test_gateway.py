@@ -55,7 +55,9 @@ def write_environments(directory: Path) -> None:
     (directory / "env-b.json").write_text(json.dumps({"network": {
         "proxyToken": f"${{file:{directory / 'token-b'}}}", "allowCidrs": ["198.18.0.0/15"],
         "allowlist": [{"domain": "api.example.test", "transform": {"Authorization": f"Bearer {CANARY_B}"}},
-                      {"domain": "plain.test"}]}}))  # fmt: skip
+                      {"domain": "plain.test"},
+                      # git clones through it (a host of its own: other tests count api.example.test's repo.git hits)
+                      {"domain": "telemetry.example.test", "transform": {"Authorization": f"Bearer {CANARY_B}"}}]}}))  # fmt: skip
     (directory / "env-c.yml").write_text(
         # env-c may reach other.test's address only: env-a's wider allowCidrs must not apply to it.
         "network:\n  proxyToken: ${env:GW_TOKEN_C}\n  allowCidrs: [198.18.0.14/32]\n"
@@ -292,17 +294,17 @@ def test_requests_httpx_and_git_with_credentials_in_the_proxy_url(lab, gateway):
     target = lab.dir / f"clone-gw-{gateway.port}"
     out = lab.exec(
         "git", "-c", f"http.proxy={as_user(gateway, 'env-b', TOKEN_B).url}", "-c", f"http.sslCAInfo={gateway.ca}",
-        "clone", "-q", "https://api.example.test/static/repo.git", str(target),
+        "clone", "-q", "https://telemetry.example.test/static/repo.git", str(target),
         env={"PATH": "/usr/bin:/bin", "HOME": str(lab.dir), "GIT_TERMINAL_PROMPT": "0"},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr.replace(TOKEN_B, "<token>")
     assert (target / "README").read_text() == "hello through the proxy\n"
-    git_hits = [r for r in upstream_hits(lab, HOSTS["api.example.test"]) if "repo.git" in r["path"]]
+    git_hits = [r for r in upstream_hits(lab, HOSTS["telemetry.example.test"]) if "repo.git" in r["path"]]
     assert git_hits and all(dict(r["headers"]).get("Authorization") == f"Bearer {CANARY_B}" for r in git_hits)
     # git without credentials is refused at the CONNECT.
     out = lab.exec(
         "git", "-c", f"http.proxy={gateway.url}", "-c", f"http.sslCAInfo={gateway.ca}",
-        "clone", "-q", "https://api.example.test/static/repo.git", str(target) + "-anon",
+        "clone", "-q", "https://telemetry.example.test/static/repo.git", str(target) + "-anon",
         env={"PATH": "/usr/bin:/bin", "HOME": str(lab.dir), "GIT_TERMINAL_PROMPT": "0"},
     )  # fmt: skip
     assert out.returncode != 0 and "407" in out.stderr
@@ -467,7 +469,7 @@ def test_spec_dir_start_refuses_broken_files_naming_them(lab, tmp_path):
 HOOK_CANARY = "hook-canary-" + secrets.token_hex(8)
 HOOK_TOKEN = "tok-hooks-" + secrets.token_hex(8)
 HOOKS = {"audit-logging": {"post_tool_execution": [{"matcher": "*", "hooks": [
-    {"type": "http", "url": "https://telemetry.example.test/api/v1/agent-events", "timeout": 10}]}]}}  # fmt: skip
+    {"type": "http", "url": "https://telemetry.example.test/api/v1/gateway-hook-events", "timeout": 10}]}]}}  # fmt: skip
 HOOK_EVENT = {"tool_call": {"name": "write_file", "args": {"path": "/w/x"}}, "environment_id": "hooks-env"}
 
 
