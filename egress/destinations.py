@@ -23,10 +23,16 @@ class DestinationChecker:
         self._spec_for = spec_for
         self._local = local_addresses
 
-    def spec(self, client_id: str) -> Spec:
+    def spec_for(self, client_id: str) -> Spec:
         return self._spec_for(client_id)
 
-    async def check(self, raw_host: str, port: int, client_id: str) -> tuple[policy.Decision, IPAddress | None]:
+    @property
+    def spec(self) -> Spec:
+        """The spec for traffic that belongs to no client connection (e.g. a DNS query):
+        the one spec with --spec; with --spec-dir a spec that allows nothing."""
+        return self._spec_for("")
+
+    async def check(self, raw_host: str, port: int, client_id: str = "") -> tuple[policy.Decision, IPAddress | None]:
         spec = self._spec_for(client_id)
         decision = policy.check_name(spec, raw_host)
         if not decision.allowed:

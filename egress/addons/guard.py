@@ -109,7 +109,7 @@ class DestinationGuard:
 
     async def _check_request(self, flow: http.HTTPFlow) -> policy.Decision:
         request = flow.request
-        spec = self.checker.spec(flow.client_conn.id)
+        spec = self.checker.spec_for(flow.client_conn.id)
         state = self._state(flow.client_conn)
         if _transparent(flow.client_conn) and state.tunnel is None:
             # Plain HTTP, redirected: mitmproxy names the client's original destination
@@ -183,7 +183,7 @@ class DestinationGuard:
             tunnel.blocked = policy.HOST_MISMATCH
             # Neither intercept nor forward: server_connect refuses, the client sees a close.
             data.ignore_connection = True
-            decision = policy.with_reason(self.checker.spec(data.context.client.id), tunnel.decision, policy.HOST_MISMATCH)
+            decision = policy.with_reason(self.checker.spec_for(data.context.client.id), tunnel.decision, policy.HOST_MISMATCH)
             self.log.record(decision, client=client, port=tunnel.port, method="TLS", kind="tunnel")
             return
         if not tunnel.decision.transform:

@@ -276,3 +276,21 @@ def test_unreadable_directory_keeps_serving_and_is_reported_once(tmp_path, capsy
     assert capsys.readouterr().err.count("spec_dir_unreadable") == 1
     moved.rename(d)
     assert registry.reload("file_changed") and registry.environments == ["a"]
+
+
+def test_traffic_of_no_client_connection_gets_a_spec_that_allows_nothing(tmp_path):
+    """With --spec-dir, a check that names no client connection (a DNS query, a forgotten
+    argument) is held to a spec that allows nothing, never to some environment's."""
+    from egress.addons.environment_gate import ALLOWS_NOTHING, EnvironmentGate
+    from egress.audit import DecisionLog
+    from egress.destinations import DestinationChecker
+    from egress.resolver import LocalAddresses
+
+    (tmp_path / "a.yaml").write_text(spec_text("'*'"))
+    gate = EnvironmentGate(EnvironmentRegistry(tmp_path), None, DecisionLog())
+    checker = DestinationChecker(gate.spec_for, LocalAddresses(["127.0.0.1"]))
+    assert checker.spec is ALLOWS_NOTHING and checker.spec_for("some-client") is ALLOWS_NOTHING
+    gate.bound["some-client"] = "a"
+    assert checker.spec_for("some-client").environment == "a"
+    single = parse_spec(spec_text("'*'"))
+    assert DestinationChecker(EnvironmentGate(None, lambda: single, DecisionLog()).spec_for, LocalAddresses([])).spec is single
