@@ -950,3 +950,103 @@ def test_existing_configmap_with_environment_secrets(render, tmp_path):
     spec = pod_spec(one(render(write_values(tmp_path, "existing", values)), "Deployment"))
     assert {"name": "spec", "configMap": {"name": "my-envs"}} in spec["volumes"]
     assert _secret_mounts(spec, "egress-proxy")["/var/run/secrets/egress-proxy/environments/team-a"] == "egress-team-a"
+
+
+def _proxy_status(port: int, request: str) -> tuple[int, str]:
+    """One raw request to the proxy on loopback: (status, X-Egress-Denied)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request.encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:])}
+    return int(head[0].split()[1]), headers.get("x-egress-denied", "")
+
+
+def test_rendered_environments_gateway_runs_proves_environments_and_reloads_one(render, tmp_path):
+    """The rendered gateway with `environments`, run for real on the pod's paths: the token
+    from the environment's Secret proves it, anything else gets 407, and a ConfigMap swap
+    that changes one environment reloads that one. No request leaves loopback: the
+    allowed-credentials request names a host no allowlist has (refused before any lookup)."""
+    port, metrics_port = _free_port(), _free_port()
+    values = write_values(tmp_path, "ports", {"proxy": {"port": port, "metricsPort": metrics_port}})
+    docs = render(CI_VALUES["gateway-environments"], values)
+    spec = pod_spec(one(docs, "Deployment"))
+    proxy, prepare = container(spec, "egress-proxy"), container(spec, "prepare-ca")
+    root = tmp_path / "pod"
+
+    def local(path: str) -> str:
+        return str(root / path.lstrip("/"))
+
+    mounts = {m["name"]: m["mountPath"] for m in proxy["volumeMounts"] + prepare["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    ca_secret = one(docs, "Secret", "-ca")
+    _kubelet_configmap(Path(local(mounts["ca"])), {k: base64.b64decode(v).decode() for k, v in ca_secret["data"].items()}, 1)
+    tokens = {}
+    for m in proxy["volumeMounts"]:
+        secret = volumes[m["name"]].get("secret", {}).get("secretName", "")
+        if m["name"].startswith("env-"):
+            tokens[m["mountPath"].rsplit("/", 1)[1]] = f"tok-{secret}-0123456789"
+            files = {"proxyToken": tokens[m["mountPath"].rsplit("/", 1)[1]], "github-token": f"sk-{secret}-do-not-render"}
+            _kubelet_configmap(Path(local(m["mountPath"])), files, 1)
+    assert sorted(tokens) == ["team-a", "team-b.prod"]
+    environments = one(docs, "ConfigMap", "-environments")["data"]
+    spec_dir = Path(local(mounts["spec"]))
+    rewrite = lambda text: FILE_REF.sub(lambda m: f"${{file:{local(m.group(1))}}}", text)  # noqa: E731
+    _kubelet_configmap(spec_dir, {k: rewrite(v) for k, v in environments.items()}, 1)
+    Path(local(mounts["confdir"])).mkdir(parents=True)
+    paths = "|".join(re.escape(p) for p in sorted(set(mounts.values()), key=len, reverse=True))
+    subprocess.run([*prepare["command"], re.sub(rf"(?<![\w/])({paths})", lambda m: local(m.group(1)), prepare["args"][0])],
+                   check=True, timeout=30)  # fmt: skip
+
+    args = [local(a) if a.startswith("/") else a for a in proxy["args"]]
+    args = [a.replace("0.0.0.0:", "127.0.0.1:") for a in args]
+    assert "--spec-dir" in args
+    proc = subprocess.Popen([find_tool("egress-proxy"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FROZEN_TOKEN": "frozen-0123456789"})  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{metrics_port}"
+        deadline = time.monotonic() + 20
+        while _get(f"{base}/readyz")[0] != 200:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "proxy not ready"
+            time.sleep(0.1)
+
+        def ask(user: str | None, password: str = "") -> tuple[int, str]:
+            auth = f"Proxy-Authorization: Basic {base64.b64encode(f'{user}:{password}'.encode()).decode()}\r\n" if user else ""
+            return _proxy_status(port, f"GET http://not-listed.invalid/ HTTP/1.1\r\nHost: not-listed.invalid\r\n{auth}\r\n")
+
+        for environment, token in (*tokens.items(), ("frozen", "frozen-0123456789")):
+            assert ask(environment, token) == (403, "not_allowlisted")
+            assert ask(environment, token + "x") == (407, "proxy_auth_required")
+        assert ask(None) == (407, "proxy_auth_required")
+        assert ask("team-a", tokens["team-b.prod"]) == (407, "proxy_auth_required")
+
+        # A ConfigMap update that changes team-a only (kubelet swaps every file's link).
+        changed = yaml.safe_load(environments["team-a.yaml"])
+        changed["network"]["allowlist"].append({"domain": "files.example.com"})
+        _kubelet_configmap(spec_dir, {**{k: rewrite(v) for k, v in environments.items()},
+                                      "team-a.yaml": rewrite(yaml.safe_dump(changed))}, 2)  # fmt: skip
+        pattern = re.compile(r'^egress_environment_reloads_total\{environment="([^"]*)",result="success"\} ([0-9.]+)$', re.MULTILINE)
+        deadline = time.monotonic() + 15
+        while not (reloaded := {e: float(n) for e, n in pattern.findall(_get(f"{base}/metrics")[1])}):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "ConfigMap update not reloaded"
+            time.sleep(0.2)
+        time.sleep(1.5)  # a few more polls: nothing else is reloaded
+        reloaded = {e: float(n) for e, n in pattern.findall(_get(f"{base}/metrics")[1])}
+        assert reloaded == {"team-a": 1.0}
+        assert ask("team-a", tokens["team-a"]) == (403, "not_allowlisted")
+    finally:
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+    for token in tokens.values():
+        assert token not in err
