@@ -8,6 +8,8 @@ with `Proxy-Authorization: Basic base64(ENV_ID:TOKEN)`:
 - `requestheaders`   a plain-HTTP request must carry it (each one, as HTTP proxies
                      expect); a request in a tunnel was proven by its CONNECT.
                      Else 407.
+- A failed proof with credentials (wrong, malformed, unknown environment) also
+  closes the connection; a request without any keeps it (the usual challenge).
 - The first proof binds the client connection to its environment for its life:
   a later request (or CONNECT) with other credentials is refused with 407 and the
   connection is closed. A removed environment refuses its bound connections' new
@@ -129,7 +131,9 @@ class EnvironmentGate:
                 return False
             return True
         if result.environment is None:
-            self._refuse(flow, result.named, close=False)
+            # Absent credentials are the usual challenge before a client sends them: keep the
+            # connection. Wrong ones end it, so guessing tokens costs a connection each.
+            self._refuse(flow, result.named, close=header is not None)
             return False
         cap = ctx.options.egress_max_connections_per_environment
         if cap and self.per_environment.get(result.environment, 0) >= cap:

@@ -583,3 +583,26 @@ def test_a_fault_in_the_environment_gate_fails_closed(lab, tmp_path):
         assert not [r for r in lab.upstream_requests() if r["path"] == "/fault"]
     finally:
         proxy.stop()
+
+
+def test_wrong_credentials_end_the_connection_absent_ones_do_not(lab, gateway):
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+    try:
+        request = "GET http://plain.test/{path} HTTP/1.1\r\nHost: plain.test\r\n{auth}\r\n"
+        sock.sendall(request.format(path="challenge", auth="").encode())
+        assert parse(_read_response(sock))[0] == 407
+        sock.sendall(request.format(path="proved", auth=f"Proxy-Authorization: {basic('env-a', TOKEN_A)}\r\n").encode())
+        assert parse(_read_response(sock))[0] == 200  # same connection, after the challenge
+    finally:
+        sock.close()
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+    try:
+        sock.sendall(request.format(path="guess", auth=f"Proxy-Authorization: {basic('env-a', 'guess')}\r\n").encode())
+        status, headers, _ = parse(_read_response(sock))
+        assert status == 407 and headers.get("connection") == "close"
+        sock.settimeout(5)
+        assert sock.recv(65536) == b""
+    finally:
+        sock.close()
