@@ -30,14 +30,15 @@ class DecisionLog:
         injected: tuple[str, ...] = (),
         kind: str = "request",
     ) -> None:
-        metrics.REQUESTS.labels(decision.label, decision.reason, decision.rule).inc()
+        metrics.REQUESTS.labels(decision.label, decision.reason, decision.rule, decision.environment).inc()
         if injected:
-            metrics.CREDENTIAL_INJECTIONS.labels(decision.rule).inc()
+            metrics.CREDENTIAL_INJECTIONS.labels(decision.rule, decision.environment).inc()
         now = time.time()
         line = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
             "event": kind,
             "client": client,
+            "environment": decision.environment,
             "host": decision.host,
             "port": port,
             "method": method,
@@ -48,6 +49,8 @@ class DecisionLog:
         }
         if self.fmt == "text":
             text = f"{line['decision']:8} {method} {decision.host}:{port} rule={decision.rule or '-'} reason={decision.reason or '-'} client={client}"
+            if decision.environment:
+                text += f" environment={decision.environment}"
             if injected:
                 text += f" injected={','.join(injected)}"
         else:

@@ -43,6 +43,7 @@ _LIMIT_FLAGS = (
     ("--header-timeout", 30, "a client connection with no request in flight must send a full request head"),
     ("--max-connections", 4096, "client connections at once, all clients"),
     ("--max-connections-per-client", 256, "client connections at once from one client address"),
+    ("--max-connections-per-environment", 1024, "--spec-dir: client connections at once bound to one environment"),
 )
 
 
@@ -99,7 +100,13 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the proxy")
-    run.add_argument("--spec", required=True, help="environment spec (JSON or YAML)")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("--spec", help="environment spec (JSON or YAML): one environment, no proxy auth")
+    source.add_argument(
+        "--spec-dir", metavar="DIR",
+        help="one environment per *.yaml/*.yml/*.json in DIR (id = file stem); clients prove theirs with "
+        "Proxy-Authorization (http://ENV_ID:TOKEN@proxy)",
+    )  # fmt: skip
     run.add_argument("--listen", default=DEFAULT_LISTEN, help=f"proxy address (default {DEFAULT_LISTEN})")
     run.add_argument(
         "--metrics-listen", default=DEFAULT_METRICS_LISTEN, help=f"metrics/health address (default {DEFAULT_METRICS_LISTEN})"
@@ -120,8 +127,10 @@ def _build_parser() -> argparse.ArgumentParser:
         help="proxy processes sharing the listen port (SO_REUSEPORT), one CA and one /metrics (default 1)",
     )  # fmt: skip
 
-    check = commands.add_parser("check", help="validate a spec; one line per problem")
-    check.add_argument("--spec", required=True)
+    check = commands.add_parser("check", help="validate a spec (or a spec directory); one line per problem")
+    check_source = check.add_mutually_exclusive_group(required=True)
+    check_source.add_argument("--spec")
+    check_source.add_argument("--spec-dir", metavar="DIR")
 
     rules = commands.add_parser(
         "redirect-rules", help="print (or --apply) the nftables rules that send a sandbox namespace through the proxy"
@@ -176,6 +185,8 @@ def cmd_redirect_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.spec_dir is not None:
+        return _check_spec_dir(args.spec_dir)
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
@@ -184,6 +195,34 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.spec}: ok ({len(spec.entries)} allowlist entries, mode {spec.mode})")
     return 0
+
+
+def _check_spec_dir(directory: str) -> int:
+    from egress.environments import load_directory
+
+    loaded, problems = load_directory(directory)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        return 1
+    for spec_file, spec in loaded.values():
+        if spec.proxy_token is None:
+            print(f"{spec_file.path}: note: no network.proxyToken, so this environment refuses every client")
+    entries = sum(len(spec.entries) for _, spec in loaded.values())
+    print(f"{directory}: ok ({len(loaded)} environments, {entries} allowlist entries)")
+    return 0
+
+
+def _load_policy(args: argparse.Namespace, count_reloads: bool):
+    """The one spec (--spec) or the environments (--spec-dir); raises SpecError."""
+    from egress.environments import EnvironmentRegistry
+    from egress.reload import SpecHolder
+
+    if args.spec_dir is not None:
+        if args.mode != "regular":
+            raise UsageError("--spec-dir needs --mode regular: clients prove their environment with Proxy-Authorization")
+        return EnvironmentRegistry(args.spec_dir, report_only=args.report_only, count_reloads=count_reloads)
+    return SpecHolder(args.spec, report_only=args.report_only, count_reloads=count_reloads)
 
 
 def _upstream_bundle(confdir: Path, extra: str) -> str:
@@ -211,11 +250,11 @@ async def _run(args: argparse.Namespace) -> int:
     from egress.audit import DecisionLog
     from egress.master import build_master
     from egress.metrics_server import serve_metrics
-    from egress.reload import SpecHolder
+    from egress.environments import EnvironmentRegistry
 
     worker = workers.current()
     try:
-        holder = SpecHolder(args.spec, report_only=args.report_only, count_reloads=worker is None or worker.counts_reloads)
+        holder = _load_policy(args, count_reloads=worker is None or worker.counts_reloads)
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -267,10 +306,12 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, m.shutdown)
     loop.add_signal_handler(signal.SIGHUP, holder.reload, "sighup")
     metrics.set_build_info()
-    spec = holder.spec
+    if isinstance(holder, EnvironmentRegistry):
+        loaded = f"{len(holder)} environments from {args.spec_dir} (proxy auth required)"
+    else:
+        loaded = f"{len(holder.spec.entries)} allowlist entries (mode {holder.spec.mode})"
     print(
-        f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, "
-        f"{len(spec.entries)} allowlist entries (mode {spec.mode})\n"
+        f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, {loaded}\n"
         f"egress-proxy: CA certificate: {confdir / 'mitmproxy-ca-cert.pem'}",
         file=sys.stderr,
         flush=True,

@@ -17,16 +17,23 @@ from egress.spec import Spec
 
 
 class DestinationChecker:
-    def __init__(self, current_spec: Callable[[], Spec], local_addresses: LocalAddresses):
-        self._current_spec = current_spec
+    def __init__(self, spec_for: Callable[[str], Spec], local_addresses: LocalAddresses):
+        # client connection id -> the spec in force for that client's environment
+        # (the one spec with --spec; with --spec-dir, see egress.addons.environment_gate).
+        self._spec_for = spec_for
         self._local = local_addresses
+
+    def spec_for(self, client_id: str) -> Spec:
+        return self._spec_for(client_id)
 
     @property
     def spec(self) -> Spec:
-        return self._current_spec()
+        """The spec for traffic that belongs to no client connection (e.g. a DNS query):
+        the one spec with --spec; with --spec-dir a spec that allows nothing."""
+        return self._spec_for("")
 
-    async def check(self, raw_host: str, port: int) -> tuple[policy.Decision, IPAddress | None]:
-        spec = self._current_spec()
+    async def check(self, raw_host: str, port: int, client_id: str = "") -> tuple[policy.Decision, IPAddress | None]:
+        spec = self._spec_for(client_id)
         decision = policy.check_name(spec, raw_host)
         if not decision.allowed:
             return decision, None

@@ -12,6 +12,7 @@ from pathlib import Path
 from mitmproxy import master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
+from egress.addons.environment_gate import EnvironmentGate
 from egress.addons.failsafe import fail_closed
 from egress.addons.guard import DestinationGuard
 from egress.addons.inject import CredentialInjector
@@ -22,12 +23,13 @@ from egress.addons.reloader import SpecReloader
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
+from egress.environments import EnvironmentRegistry
 from egress.reload import SpecHolder
 from egress.resolver import LocalAddresses
 
 
 def build_master(
-    holder: SpecHolder,
+    holder: SpecHolder | EnvironmentRegistry,
     *,
     listen_host: str,
     listen_port: int,
@@ -41,7 +43,13 @@ def build_master(
     opts = options.Options()
     m = master.Master(opts, with_termlog=True)
     HookDispatcher.install(m)  # hooks found once per event name, not per event
-    checker = DestinationChecker(lambda: holder.spec, LocalAddresses([listen_host]))
+    # Which spec a client connection is held to: the one spec (--spec), or its environment's (--spec-dir).
+    if isinstance(holder, EnvironmentRegistry):
+        gate = EnvironmentGate(holder, None, log)
+    else:
+        one = holder
+        gate = EnvironmentGate(None, lambda: one.spec, log)
+    checker = DestinationChecker(gate.spec_for, LocalAddresses([listen_host]))
     m.addons.add(
         core.Core(),
         proxyserver.Proxyserver(),
@@ -49,6 +57,7 @@ def build_master(
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),
         # Our hooks fail closed: an exception refuses the request/connection (failsafe.py).
+        fail_closed(gate),
         fail_closed(DestinationGuard(checker, log)),
         fail_closed(CredentialInjector(log)),
         fail_closed(ConnectionLimits()),

@@ -23,12 +23,14 @@ disable_created_metrics()
 REQUESTS = Counter(
     "egress_requests",
     "Decisions on requests (intercepted or plain HTTP) and on passthrough tunnels.",
-    ["decision", "reason", "rule"],
+    # environment: "" with --spec; with --spec-dir one of the configured environments
+    # (never a name a client merely claimed), so it is bounded by the spec files.
+    ["decision", "reason", "rule", "environment"],
 )
 CREDENTIAL_INJECTIONS = Counter(
     "egress_credential_injections",
     "Requests that had an allowlist entry's transform applied.",
-    ["rule"],
+    ["rule", "environment"],
 )
 REQUEST_DURATION = Histogram(
     "egress_request_duration_seconds",
@@ -55,6 +57,16 @@ ALLOWLIST_ENTRIES = Gauge(
     "egress_allowlist_entries",
     "Entries in the allowlist in force.",
     multiprocess_mode="livemostrecent",  # --workers: as the worker that loaded last sees it
+)
+ENVIRONMENTS = Gauge(
+    "egress_environments",
+    "Environments served (--spec-dir: spec files in force; 1 with --spec).",
+    multiprocess_mode="livemostrecent",
+)
+ENVIRONMENT_RELOADS = Counter(
+    "egress_environment_reloads",
+    "--spec-dir: per-environment spec loads after start (added, changed, broken, removed files) by result.",
+    ["environment", "result"],
 )
 BUILD = Info("egress_build", "Versions this proxy was built from.")
 

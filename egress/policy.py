@@ -25,6 +25,8 @@ PLAINTEXT_CREDENTIALS = "plaintext_credentials"
 PROXY_SELF = "proxy_self"
 NO_SNI = "no_sni"
 INTERNAL_ERROR = "internal_error"
+# `--spec-dir`: the client did not prove an environment (no, wrong or unknown credentials).
+PROXY_AUTH_REQUIRED = "proxy_auth_required"
 REASONS = (
     NOT_ALLOWLISTED,
     LOOPBACK,
@@ -35,6 +37,7 @@ REASONS = (
     PROXY_SELF,
     NO_SNI,
     INTERNAL_ERROR,
+    PROXY_AUTH_REQUIRED,
 )
 # Report mode lets would-be blocks pass, except these: the sandbox must never reach
 # the machine it runs on or the proxy itself, not even while a policy is being trialled,
@@ -50,6 +53,7 @@ class Decision:
     reason: str = ""  # empty when allowed
     entry: AllowlistEntry | None = None
     reported: bool = False  # report mode: would have been blocked, let through
+    environment: str = ""  # the spec's environment ("" with --spec): audit field and metric label
 
     @property
     def allowed(self) -> bool:
@@ -73,7 +77,7 @@ class Decision:
 
 def _finish(spec: Spec, host: str, reason: str, entry: AllowlistEntry | None = None) -> Decision:
     reported = bool(reason) and spec.mode == "report" and reason not in NEVER_REPORTED
-    return Decision(host=host, reason=reason, entry=entry, reported=reported)
+    return Decision(host=host, reason=reason, entry=entry, reported=reported, environment=spec.environment)
 
 
 def check_name(spec: Spec, raw_host: str) -> Decision:

@@ -65,6 +65,7 @@ class SpecHolder:
 
     def _in_force(self, spec: Spec) -> None:
         metrics.ALLOWLIST_ENTRIES.set(len(spec.entries))
+        metrics.ENVIRONMENTS.set(1)
         metrics.CONFIG_LAST_SUCCESS.set(time.time())
 
     def reload(self, trigger: str) -> bool:

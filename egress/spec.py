@@ -42,7 +42,7 @@ _RESERVED_HEADERS = frozenset(
         "upgrade",
     }
 )
-_NETWORK_FIELDS = {"allowlist", "mode", "allowCidrs"}
+_NETWORK_FIELDS = {"allowlist", "mode", "allowCidrs", "proxyToken"}
 _ENTRY_FIELDS = {"domain", "transform"}
 
 
@@ -72,6 +72,12 @@ class Spec:
     entries: tuple[AllowlistEntry, ...] = ()
     # Files the spec's `${file:}` references read: a change to one is a change to the spec.
     secret_files: tuple[str, ...] = ()
+    # `network.proxyToken`: what a sandbox proves its environment with (`--spec-dir` only;
+    # None refuses every client there). Ignored with `--spec`, which has no proxy auth.
+    proxy_token: secrets.Secret | None = None
+    # The environment this spec is held to: "" with `--spec`, the file stem with `--spec-dir`.
+    # Decisions carry it into audit lines and metric labels.
+    environment: str = ""
 
     @property
     def has_transforms(self) -> bool:
@@ -198,6 +204,9 @@ def _build(data: Any, problems: list[str], environ: dict[str, str] | None) -> Sp
             for path in secrets.referenced_files(value)
         }
     )
+    proxy_token = _parse_proxy_token(network.get("proxyToken"), f"{where}.proxyToken", problems, environ)
+    if isinstance(network.get("proxyToken"), str):
+        secret_files = sorted({*secret_files, *secrets.referenced_files(network["proxyToken"])})
     seen: dict[tuple[str, str], int] = {}
     for index, raw in enumerate(raw_entries):
         entry = _parse_entry(raw, f"{where}.allowlist[{index}]", problems, environ)
@@ -220,7 +229,31 @@ def _build(data: Any, problems: list[str], environ: dict[str, str] | None) -> Sp
         allow_cidrs=tuple(allow_cidrs),
         entries=tuple(entries),
         secret_files=tuple(secret_files),
+        proxy_token=proxy_token,
     )
+
+
+def _parse_proxy_token(raw: Any, where: str, problems: list[str], environ: dict[str, str] | None) -> secrets.Secret | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        problems.append(f"{where}: must be a string (a value or a ${{file:}}/${{env:}} reference), not {type(raw).__name__}")
+        return None
+    try:
+        token = secrets.expand(raw, environ)
+    except secrets.SecretReferenceError as exc:
+        problems.append(f"{where}: {exc}")
+        return None
+    # Never echo the value. Visible ASCII only: it travels in a Basic credential that
+    # clients write into a proxy URL, where whitespace and controls do not survive.
+    value = token.reveal()
+    if not value:
+        problems.append(f"{where}: is empty")
+    elif not all("!" <= c <= "~" for c in value):
+        problems.append(f"{where}: must be visible ASCII (no spaces, control or non-ASCII characters)")
+    else:
+        return token
+    return None
 
 
 def _parse_cidrs(raw: Any, where: str, problems: list[str]) -> list[IPNetwork]:

@@ -89,8 +89,10 @@ class DestinationGuard:
         return self.clients.setdefault(client.id, ClientState())
 
     async def http_connect(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:  # refused before us (no proof of environment)
+            return
         host, port = flow.request.host, flow.request.port
-        decision, address = await self.checker.check(host, port)
+        decision, address = await self.checker.check(host, port, flow.client_conn.id)
         if not decision.allowed:
             flow.response = deny_response(decision.reason, decision.host)
             self.log.record(decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel")
@@ -113,7 +115,7 @@ class DestinationGuard:
 
     async def _check_request(self, flow: http.HTTPFlow) -> policy.Decision:
         request = flow.request
-        spec = self.checker.spec
+        spec = self.checker.spec_for(flow.client_conn.id)
         state = self._state(flow.client_conn)
         if _transparent(flow.client_conn) and state.tunnel is None:
             # Plain HTTP, redirected: mitmproxy names the client's original destination
@@ -144,7 +146,7 @@ class DestinationGuard:
             if not decision.allowed:
                 return decision
         elif decision is None or (host, request.port) not in state.pins:
-            decision, address = await self.checker.check(request.host, request.port)
+            decision, address = await self.checker.check(request.host, request.port, flow.client_conn.id)
             if not decision.allowed:
                 return decision
             state.pin(decision.host, request.port, address)
@@ -187,7 +189,7 @@ class DestinationGuard:
             tunnel.blocked = policy.HOST_MISMATCH
             # Neither intercept nor forward: server_connect refuses, the client sees a close.
             data.ignore_connection = True
-            decision = policy.with_reason(self.checker.spec, tunnel.decision, policy.HOST_MISMATCH)
+            decision = policy.with_reason(self.checker.spec_for(data.context.client.id), tunnel.decision, policy.HOST_MISMATCH)
             self.log.record(decision, client=client, port=tunnel.port, method="TLS", kind="tunnel")
             return
         if not tunnel.decision.transform:
@@ -202,7 +204,7 @@ class DestinationGuard:
         _, port = server.address
         sni = data.client_hello.sni
         if sni:
-            decision, address = await self.checker.check(sni, port)
+            decision, address = await self.checker.check(sni, port, client.id)
         else:
             decision, address = policy.unnamed(policy.NO_SNI), None
         state = self._state(client)

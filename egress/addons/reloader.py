@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from egress.environments import EnvironmentRegistry
 from egress.reload import SpecHolder
 
 
 class SpecReloader:
-    def __init__(self, holder: SpecHolder):
+    def __init__(self, holder: SpecHolder | EnvironmentRegistry):
         self.holder = holder
         self._task: asyncio.Task | None = None
 

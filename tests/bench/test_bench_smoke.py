@@ -40,3 +40,19 @@ def test_bench_smoke_produces_results_tables(tmp_path):
     assert {(r["scenario"], r["target"]) for r in runs} >= {("http", "egress"), ("pass", "egress"), ("inject", "egress")}
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in runs), runs
     assert float(raw["machine"]["egress credential injections seen in /metrics (sanity)"].replace(",", "")) > 0
+
+
+def test_gateway_bench_smoke(tmp_path):
+    """The --spec-dir benchmark harness runs end to end (50 environments, 1-second runs; figures not checked)."""
+    if os.geteuid() != 0:
+        pytest.fail("the benchmark harness needs root (network namespaces)")
+    out = tmp_path / "gateway.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gateway_bench.py"), "--environments", "50", "--duration", "1",
+         "--rounds", "1", "--conns", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = out.read_text()
+    for row in ("| RSS 50 / one |", "| throughput plain HTTP (wrk)", "| reload one file of 50 ", "errors 0/0"):
+        assert row in text, (row, text)

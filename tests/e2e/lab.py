@@ -261,11 +261,13 @@ class Lab:
         name: str = "spec.yaml",
         upstream_ca: bool = True,
         spec_path: Path | None = None,
+        spec_dir: Path | None = None,
     ) -> ProxyProcess:
-        """Start a proxy on `spec_text` (written to its own dir), or on an existing `spec_path`."""
+        """Start a proxy on `spec_text` (written to its own dir), on an existing `spec_path`,
+        or on the environments in `spec_dir` (`--spec-dir`)."""
         if upstream_ca:
             extra = ("--upstream-ca", str(self.upstream_ca), *extra)
-        proxy = ProxyProcess(self, spec_text, list(extra), env=env, name=name, spec_path=spec_path)
+        proxy = ProxyProcess(self, spec_text, list(extra), env=env, name=name, spec_path=spec_path, spec_dir=spec_dir)
         proxy.start()
         self._procs.append(proxy.proc)
         return proxy
@@ -299,15 +301,17 @@ class ProxyProcess:
     """A real `egress-proxy run` inside the proxy namespace."""
 
     def __init__(
-        self, lab: Lab, spec_text: str | None, extra: list[str], env: dict | None, name: str, spec_path: Path | None = None
-    ):
+        self, lab: Lab, spec_text: str | None, extra: list[str], env: dict | None, name: str,
+        spec_path: Path | None = None, spec_dir: Path | None = None,
+    ):  # fmt: skip
         self.lab = lab
         self.port = lab.free_port()
         self.metrics_port = lab.free_port()
         self.dir = lab.dir / f"proxy-{self.port}"
         self.dir.mkdir()
         self.spec_path = spec_path or self.dir / name
-        if spec_path is None:
+        self.spec_dir = spec_dir
+        if spec_path is None and spec_dir is None:
             self.spec_path.write_text(spec_text)
         self.confdir = self.dir / "conf"
         self.extra = extra
@@ -326,7 +330,7 @@ class ProxyProcess:
     def start(self) -> None:
         cmd = [
             "ip", "netns", "exec", self.lab.proxy_ns, EGRESS_PROXY, "run",
-            "--spec", str(self.spec_path),
+            *(("--spec-dir", str(self.spec_dir)) if self.spec_dir else ("--spec", str(self.spec_path))),
             "--listen", f"127.0.0.1:{self.port}",
             "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             "--confdir", str(self.confdir),

@@ -168,7 +168,8 @@ def test_health_and_audit_log(lab):
         injected = next(e for e in lines if e["host"] == "api.example.test")
         assert injected["decision"] == "allowed" and injected["rule"] == "api.example.test"
         assert injected["injected"] == ["Authorization"]
-        assert {"time", "client", "host", "port", "method", "decision", "reason", "rule"} <= set(injected)
+        assert {"time", "client", "environment", "host", "port", "method", "decision", "reason", "rule"} <= set(injected)
+        assert injected["environment"] == ""  # --spec: the one environment
         blocked = next(e for e in lines if e["host"] == "other.test")
         assert blocked["decision"] == "blocked" and blocked["reason"] == "not_allowlisted"
         assert "token=abc" not in proxy.stdout() and "q=1" not in proxy.stdout()
@@ -279,7 +280,7 @@ def test_report_mode_lets_would_be_blocks_pass(lab):
         assert_denied(status, headers, body, "proxy_self", "198.18.0.1")
         reported = [e for e in proxy.audit() if e["decision"] == "reported"]
         assert {e["host"] for e in reported} == {"other.test"}
-        assert metric_value(proxy, "egress_requests_total", {"decision": "reported", "reason": "not_allowlisted", "rule": ""}) == 1
+        assert metric_value(proxy, "egress_requests_total", {"decision": "reported", "environment": "", "reason": "not_allowlisted", "rule": ""}) == 1
     finally:
         proxy.stop()
 

@@ -240,6 +240,7 @@ def test_no_sni_is_closed_and_counted(lab: Lab, sandbox: Sandbox):
         decision="blocked",
         reason="no_sni",
         rule="",
+        environment="",
     )
     seen = len(sandbox.proxy.audit())
     path = new_path()
@@ -264,6 +265,7 @@ def test_no_sni_is_closed_and_counted(lab: Lab, sandbox: Sandbox):
             decision="blocked",
             reason="no_sni",
             rule="",
+            environment="",
         )
         == before + 1
     )
@@ -335,7 +337,7 @@ def test_http_without_host_is_refused(lab: Lab, sandbox: Sandbox):
 
 
 def test_raw_tcp_is_closed_and_counted(sandbox: Sandbox):
-    labels = {"decision": "blocked", "reason": "not_allowlisted", "rule": ""}
+    labels = {"decision": "blocked", "environment": "", "reason": "not_allowlisted", "rule": ""}
     before = metric(sandbox.proxy, "egress_requests_total", **labels)
     seen = len(sandbox.proxy.audit())
     answer = sandbox.client(

@@ -73,9 +73,9 @@ def test_both_workers_serve_with_one_ca_and_metrics_add_up(lab, proxy):
     assert len(workers) == 2, workers
     # Only the CA in --confdir is trusted: every worker's leaf certificates must chain to it.
     ctx = ssl.create_default_context(cafile=str(proxy.ca))
-    labels = {"decision": "allowed", "reason": "", "rule": "api.example.test"}
+    labels = {"decision": "allowed", "environment": "", "reason": "", "rule": "api.example.test"}
     before = metric_value(proxy, "egress_requests_total", labels)
-    injected_before = metric_value(proxy, "egress_credential_injections_total", {"rule": "api.example.test"})
+    injected_before = metric_value(proxy, "egress_credential_injections_total", {"environment": "", "rule": "api.example.test"})
 
     conns = [open_intercepted(lab, proxy, ctx) for _ in range(CONNECTIONS)]
     try:
@@ -92,12 +92,12 @@ def test_both_workers_serve_with_one_ca_and_metrics_add_up(lab, proxy):
 
     # One /metrics for the pod: the sum over both workers, exactly what was sent.
     assert wait_for(lambda: metric_value(proxy, "egress_requests_total", labels) == before + CONNECTIONS, 5)
-    injected = metric_value(proxy, "egress_credential_injections_total", {"rule": "api.example.test"})
+    injected = metric_value(proxy, "egress_credential_injections_total", {"environment": "", "rule": "api.example.test"})
     assert injected == injected_before + CONNECTIONS
 
 
 def test_plain_http_requests_are_counted_once_each(lab, proxy):
-    labels = {"decision": "allowed", "reason": "", "rule": "plain.test"}
+    labels = {"decision": "allowed", "environment": "", "reason": "", "rule": "plain.test"}
     before = metric_value(proxy, "egress_requests_total", labels)
     sent = 30
     for i in range(sent):  # a new connection each: spread over the workers

@@ -827,3 +827,226 @@ def test_readme_install_command_and_sandbox_pod(helm, tmp_path):
         <= pod["metadata"]["labels"].items()
     )
     assert pod["metadata"]["namespace"] == namespace == policy["metadata"]["namespace"]
+
+
+# --- many environments in one gateway (--spec-dir) -------------------------------------------
+
+
+def test_environments_configmap_accepted_by_check_spec_dir(render, tmp_path):
+    values_file = CI_VALUES["gateway-environments"]
+    values = yaml.safe_load(values_file.read_text(encoding="utf-8"))
+    docs = render(values_file)
+    data = one(docs, "ConfigMap", "-environments")["data"]
+    assert sorted(data) == sorted(f"{env}.yaml" for env in values["environments"])
+    workload = one(docs, "Deployment")
+    spec = pod_spec(workload)
+    proxy = container(spec, "egress-proxy")
+    assert "--spec" not in proxy["args"]
+    spec_dir = proxy["args"][proxy["args"].index("--spec-dir") + 1]
+    spec_volume = next(v for v in spec["volumes"] if v.get("configMap", {}).get("name", "").endswith("-environments"))
+    mount = next(m for m in proxy["volumeMounts"] if m["name"] == spec_volume["name"])
+    assert mount["mountPath"] == spec_dir and "subPath" not in mount
+    mounts = _secret_mounts(spec, "egress-proxy")
+
+    # Every ${file:} (tokens and transforms) points into the environment's own Secret.
+    root = tmp_path / "secrets"
+    secret_values = {}
+    for name, text in data.items():
+        environment = name.removesuffix(".yaml")
+        for ref in FILE_REF.findall(text):
+            directory, _, key = ref.rpartition("/")
+            assert mounts.get(directory) == values["environments"][environment]["secretName"], (ref, mounts)
+            assert directory.endswith(f"/{environment}")
+            secret_values[ref] = f"sk-test-{environment}-{key}-do-not-render"
+            target = root / ref.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(secret_values[ref] + "\n", encoding="utf-8")
+    assert any(ref.endswith("/team-a/proxyToken") for ref in secret_values), "the chart sets proxyToken from the Secret"
+    local = tmp_path / "environments"
+    local.mkdir()
+    for name, text in data.items():
+        (local / name).write_text(FILE_REF.sub(lambda m: f"${{file:{root}{m.group(1)}}}", text), encoding="utf-8")
+    out = subprocess.run(
+        [find_tool("egress-proxy"), "check", "--spec-dir", str(local)],
+        check=False, capture_output=True, text=True, timeout=60, env={**os.environ, "FROZEN_TOKEN": "frozen-token"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok (3 environments, 3 allowlist entries)" in out.stdout
+    rendered = helm_template_text(render, values_file)
+    for value in secret_values.values():
+        assert value not in rendered
+
+
+ENVIRONMENT_ERRORS = {
+    "sidecar": ({"pattern": "sidecar", "sidecar": {"dnsServers": ["10.96.0.10"]}, "environments": {"a": {"secretName": "s", "spec": {"allowlist": []}}}},
+                "only with pattern: gateway"),
+    "literal token": ({"environments": {"a": {"spec": {"network": {"proxyToken": "tok-123", "allowlist": []}}}}},
+                      "proxyToken"),
+    "literal transform": ({"environments": {"a": {"secretName": "s", "spec": {"allowlist": [
+        {"domain": "x.example.com", "transform": {"Authorization": "Bearer sk-123"}}]}}}}, "transform"),
+    "bad id": ({"environments": {"Team_A": {"secretName": "s", "spec": {"allowlist": []}}}}, "Team_A"),
+    "no token": ({"environments": {"a": {"spec": {"allowlist": []}}}}, "would refuse every client"),
+    "no spec": ({"environments": {"a": {"secretName": "s"}}}, "environments.a.spec: missing"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ENVIRONMENT_ERRORS)
+def test_environments_bad_values_are_refused(helm, tmp_path, case):
+    values, message = ENVIRONMENT_ERRORS[case]
+    out = helm_template(helm, write_values(tmp_path, "bad", values))
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+    assert "sk-123" not in out.stdout and "tok-123" not in out.stdout
+
+
+def test_environments_from_an_existing_configmap(render, tmp_path):
+    values = {"existingEnvironmentsConfigMap": "my-envs", "environments": {"team-a": {"secretName": "egress-team-a"}}}
+    docs = render(write_values(tmp_path, "existing", values))
+    assert not [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith(("-environments", "-spec"))]
+    spec = pod_spec(one(docs, "Deployment"))
+    assert {"name": "spec", "configMap": {"name": "my-envs"}} in spec["volumes"]
+    assert _secret_mounts(spec, "egress-proxy")["/var/run/secrets/egress-proxy/environments/team-a"] == "egress-team-a"
+    assert "--spec-dir" in container(spec, "egress-proxy")["args"]
+
+
+def test_environments_notes_print_the_proxy_url_form(helm, tmp_path):
+    out = subprocess.run(
+        [helm, "install", "rel", str(CHART), "--namespace", "sandboxes", "--dry-run=client",
+         "-f", str(CI_VALUES["gateway-environments"])],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    notes = out.stdout[out.stdout.index("NOTES:") :]
+    assert "HTTPS_PROXY=http://ENV_ID:TOKEN@rel-egress-proxy.sandboxes.svc:8080" in notes
+    assert 'value: "http://frozen:$(EGRESS_PROXY_TOKEN)@rel-egress-proxy.sandboxes.svc:8080"' in notes
+    assert "Environments (3): frozen, team-a, team-b.prod" in notes
+
+
+def test_environments_as_bare_specs_with_environment_secrets(render, tmp_path):
+    """`environments` as id -> spec (the issue's form), Secrets from `environmentSecrets`."""
+    values = {
+        "environments": {
+            "env-a": {"network": {"allowlist": [{"domain": "api.example.com", "transform": {
+                "Authorization": "Bearer ${file:/var/run/secrets/egress-proxy/environments/env-a/api}"}}]}},
+            "env-b": {"allowlist": [{"domain": "pypi.org"}]},
+        },
+        "environmentSecrets": {"env-a": "secret-a", "env-b": "secret-b"},
+    }  # fmt: skip
+    jsonschema.validate({**DEFAULTS, **values}, SCHEMA)
+    docs = render(write_values(tmp_path, "bare", values))
+    data = one(docs, "ConfigMap", "-environments")["data"]
+    assert yaml.safe_load(data["env-b.yaml"]) == {
+        "allowlist": [{"domain": "pypi.org"}],
+        "proxyToken": "${file:/var/run/secrets/egress-proxy/environments/env-b/proxyToken}",
+    }
+    assert yaml.safe_load(data["env-a.yaml"])["network"]["proxyToken"].endswith("/env-a/proxyToken}")
+    mounts = _secret_mounts(pod_spec(one(docs, "Deployment")), "egress-proxy")
+    assert mounts["/var/run/secrets/egress-proxy/environments/env-a"] == "secret-a"
+    assert mounts["/var/run/secrets/egress-proxy/environments/env-b"] == "secret-b"
+
+
+def test_existing_configmap_with_environment_secrets(render, tmp_path):
+    values = {"existingEnvironmentsConfigMap": "my-envs", "environmentSecrets": {"team-a": "egress-team-a"}}
+    jsonschema.validate({**DEFAULTS, **values}, SCHEMA)
+    spec = pod_spec(one(render(write_values(tmp_path, "existing", values)), "Deployment"))
+    assert {"name": "spec", "configMap": {"name": "my-envs"}} in spec["volumes"]
+    assert _secret_mounts(spec, "egress-proxy")["/var/run/secrets/egress-proxy/environments/team-a"] == "egress-team-a"
+
+
+def _proxy_status(port: int, request: str) -> tuple[int, str]:
+    """One raw request to the proxy on loopback: (status, X-Egress-Denied)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request.encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:])}
+    return int(head[0].split()[1]), headers.get("x-egress-denied", "")
+
+
+def test_rendered_environments_gateway_runs_proves_environments_and_reloads_one(render, tmp_path):
+    """The rendered gateway with `environments`, run for real on the pod's paths: the token
+    from the environment's Secret proves it, anything else gets 407, and a ConfigMap swap
+    that changes one environment reloads that one. No request leaves loopback: the
+    allowed-credentials request names a host no allowlist has (refused before any lookup)."""
+    port, metrics_port = _free_port(), _free_port()
+    values = write_values(tmp_path, "ports", {"proxy": {"port": port, "metricsPort": metrics_port}})
+    docs = render(CI_VALUES["gateway-environments"], values)
+    spec = pod_spec(one(docs, "Deployment"))
+    proxy, prepare = container(spec, "egress-proxy"), container(spec, "prepare-ca")
+    root = tmp_path / "pod"
+
+    def local(path: str) -> str:
+        return str(root / path.lstrip("/"))
+
+    mounts = {m["name"]: m["mountPath"] for m in proxy["volumeMounts"] + prepare["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    ca_secret = one(docs, "Secret", "-ca")
+    _kubelet_configmap(Path(local(mounts["ca"])), {k: base64.b64decode(v).decode() for k, v in ca_secret["data"].items()}, 1)
+    tokens = {}
+    for m in proxy["volumeMounts"]:
+        secret = volumes[m["name"]].get("secret", {}).get("secretName", "")
+        if m["name"].startswith("env-"):
+            tokens[m["mountPath"].rsplit("/", 1)[1]] = f"tok-{secret}-0123456789"
+            files = {"proxyToken": tokens[m["mountPath"].rsplit("/", 1)[1]], "github-token": f"sk-{secret}-do-not-render"}
+            _kubelet_configmap(Path(local(m["mountPath"])), files, 1)
+    assert sorted(tokens) == ["team-a", "team-b.prod"]
+    environments = one(docs, "ConfigMap", "-environments")["data"]
+    spec_dir = Path(local(mounts["spec"]))
+    rewrite = lambda text: FILE_REF.sub(lambda m: f"${{file:{local(m.group(1))}}}", text)  # noqa: E731
+    _kubelet_configmap(spec_dir, {k: rewrite(v) for k, v in environments.items()}, 1)
+    Path(local(mounts["confdir"])).mkdir(parents=True)
+    paths = "|".join(re.escape(p) for p in sorted(set(mounts.values()), key=len, reverse=True))
+    subprocess.run([*prepare["command"], re.sub(rf"(?<![\w/])({paths})", lambda m: local(m.group(1)), prepare["args"][0])],
+                   check=True, timeout=30)  # fmt: skip
+
+    args = [local(a) if a.startswith("/") else a for a in proxy["args"]]
+    args = [a.replace("0.0.0.0:", "127.0.0.1:") for a in args]
+    assert "--spec-dir" in args
+    proc = subprocess.Popen([find_tool("egress-proxy"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FROZEN_TOKEN": "frozen-0123456789"})  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{metrics_port}"
+        deadline = time.monotonic() + 20
+        while _get(f"{base}/readyz")[0] != 200:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "proxy not ready"
+            time.sleep(0.1)
+
+        def ask(user: str | None, password: str = "") -> tuple[int, str]:
+            auth = f"Proxy-Authorization: Basic {base64.b64encode(f'{user}:{password}'.encode()).decode()}\r\n" if user else ""
+            return _proxy_status(port, f"GET http://not-listed.invalid/ HTTP/1.1\r\nHost: not-listed.invalid\r\n{auth}\r\n")
+
+        for environment, token in (*tokens.items(), ("frozen", "frozen-0123456789")):
+            assert ask(environment, token) == (403, "not_allowlisted")
+            assert ask(environment, token + "x") == (407, "proxy_auth_required")
+        assert ask(None) == (407, "proxy_auth_required")
+        assert ask("team-a", tokens["team-b.prod"]) == (407, "proxy_auth_required")
+
+        # A ConfigMap update that changes team-a only (kubelet swaps every file's link).
+        changed = yaml.safe_load(environments["team-a.yaml"])
+        changed["network"]["allowlist"].append({"domain": "files.example.com"})
+        _kubelet_configmap(spec_dir, {**{k: rewrite(v) for k, v in environments.items()},
+                                      "team-a.yaml": rewrite(yaml.safe_dump(changed))}, 2)  # fmt: skip
+        pattern = re.compile(r'^egress_environment_reloads_total\{environment="([^"]*)",result="success"\} ([0-9.]+)$', re.MULTILINE)
+        deadline = time.monotonic() + 15
+        while not (reloaded := {e: float(n) for e, n in pattern.findall(_get(f"{base}/metrics")[1])}):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "ConfigMap update not reloaded"
+            time.sleep(0.2)
+        time.sleep(1.5)  # a few more polls: nothing else is reloaded
+        reloaded = {e: float(n) for e, n in pattern.findall(_get(f"{base}/metrics")[1])}
+        assert reloaded == {"team-a": 1.0}
+        assert ask("team-a", tokens["team-a"]) == (403, "not_allowlisted")
+    finally:
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+    for token in tokens.values():
+        assert token not in err

@@ -270,3 +270,11 @@ def test_https_untrusted_certificate_fails_open(https_server, monkeypatch):
     decision, logs = run_dispatch(f"{https_server}/deny")
     assert decision.as_json() == {"decision": "allow"}
     assert logs[0]["failure"] == "request_failed" and "CERTIFICATE_VERIFY_FAILED" in logs[0]["error"]
+
+
+def test_error_text_never_carries_proxy_credentials():
+    from egress.hooks.runners import http as http_runner
+
+    text = http_runner._describe(OSError("cannot reach http://env-a:tok-SECRET@gateway:8080 or https://u@h/"))
+    assert "tok-SECRET" not in text and "env-a" not in text
+    assert "http://***@gateway:8080" in text and "https://***@h/" in text

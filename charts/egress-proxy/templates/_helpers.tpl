@@ -54,7 +54,63 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{- define "egress-proxy.specConfigMapName" -}}
+{{- if include "egress-proxy.manyEnvironments" . }}
+{{- default (printf "%s-environments" (include "egress-proxy.fullname" .)) .Values.existingEnvironmentsConfigMap }}
+{{- else }}
 {{- default (printf "%s-spec" (include "egress-proxy.fullname" .)) .Values.existingSpecConfigMap.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+`environments` normalised: id -> {spec, secretName}. An entry is either a spec
+itself (`network:` or `allowlist:` inside) or `{spec, secretName}`; `environmentSecrets`
+(id -> Secret) gives or overrides nothing but fills a missing secretName, and lists
+the Secrets of environments whose specs come from `existingEnvironmentsConfigMap`.
+*/}}
+{{- define "egress-proxy.environmentEntries" -}}
+{{- $out := dict }}
+{{- $secrets := .Values.environmentSecrets | default dict }}
+{{- range $id, $e := .Values.environments }}
+{{- $e = $e | default dict }}
+{{- if or (hasKey $e "spec") (hasKey $e "secretName") }}
+{{- $_ := set $out $id (dict "spec" ($e.spec | default dict) "secretName" ($e.secretName | default (get $secrets $id) | default "")) }}
+{{- else }}
+{{- $_ := set $out $id (dict "spec" $e "secretName" (get $secrets $id | default "")) }}
+{{- end }}
+{{- end }}
+{{- range $id, $secret := $secrets }}
+{{- if not (hasKey $out $id) }}
+{{- $_ := set $out $id (dict "spec" dict "secretName" $secret) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* Non-empty when the gateway serves many environments (`--spec-dir`). */}}
+{{- define "egress-proxy.manyEnvironments" -}}
+{{- if or .Values.environments .Values.existingEnvironmentsConfigMap .Values.environmentSecrets }}true{{ end }}
+{{- end }}
+
+{{/* Volume name of an environment's Secret: ids may be 63 characters, volume names too. */}}
+{{- define "egress-proxy.environmentSecretVolume" -}}
+{{- printf "env-%s" (sha256sum . | trunc 12) }}
+{{- end }}
+
+{{/*
+One environment's spec as rendered into the ConfigMap: `network.proxyToken` set to
+the `${file:}` of its Secret's `proxyToken` key unless the spec sets one. Call with
+(dict "root" $ "id" ID "env" ENTRY).
+*/}}
+{{- define "egress-proxy.environmentSpec" -}}
+{{- $spec := deepCopy (.env.spec | default dict) }}
+{{- $network := $spec }}
+{{- if hasKey $spec "network" }}
+{{- $network = $spec.network }}
+{{- end }}
+{{- if and .env.secretName (not (hasKey $network "proxyToken")) }}
+{{- $_ := set $network "proxyToken" (printf "${file:%s/%s/proxyToken}" .root.Values.environmentSecretsMountPath .id) }}
+{{- end }}
+{{- toYaml $spec }}
 {{- end }}
 
 {{- define "egress-proxy.specKey" -}}
@@ -91,8 +147,13 @@ Call with (dict "root" $ "mode" "regular"|"transparent").
 {{- $p := include "egress-proxy.paths" $root | fromYaml }}
 {{- $v := $root.Values -}}
 - run
+{{- if include "egress-proxy.manyEnvironments" $root }}
+- --spec-dir
+- {{ $p.spec }}
+{{- else }}
 - --spec
 - {{ printf "%s/%s" $p.spec (include "egress-proxy.specKey" $root) }}
+{{- end }}
 - --mode
 - {{ .mode }}
 - --listen
@@ -173,6 +234,13 @@ mitmproxy-ca-cert.pem. mitmproxy also writes its dhparam file there.
   mountPath: {{ printf "%s/%s" $.Values.transformSecretsMountPath .name }}
   readOnly: true
 {{- end }}
+{{- range $id, $env := include "egress-proxy.environmentEntries" $ | fromYaml }}
+{{- if $env.secretName }}
+- name: {{ include "egress-proxy.environmentSecretVolume" $id }}
+  mountPath: {{ printf "%s/%s" $.Values.environmentSecretsMountPath $id }}
+  readOnly: true
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -214,6 +282,14 @@ mount these volumes, so the sandbox container still cannot read them).
   secret:
     secretName: {{ .name }}
     defaultMode: {{ $mode }}
+{{- end }}
+{{- range $id, $env := include "egress-proxy.environmentEntries" . | fromYaml }}
+{{- if $env.secretName }}
+- name: {{ include "egress-proxy.environmentSecretVolume" $id }}
+  secret:
+    secretName: {{ $env.secretName }}
+    defaultMode: {{ $mode }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -278,6 +354,41 @@ The proxy container. Call with (dict "root" $ "mode" ... "securityContext" ...
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.proxy.metricsPort | quote }}
 prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/* `environments`: gateway only, valid ids, and secrets only by reference. */}}
+{{- define "egress-proxy.checkEnvironments" -}}
+{{- if include "egress-proxy.manyEnvironments" . }}
+{{- if ne .Values.pattern "gateway" }}
+{{- fail "environments / existingEnvironmentsConfigMap: only with pattern: gateway (a sidecar serves the one environment of its pod; use `environment`)" }}
+{{- end }}
+{{- range $id, $env := include "egress-proxy.environmentEntries" $ | fromYaml }}
+{{- if not (regexMatch "^[a-z0-9][a-z0-9._-]{0,62}$" $id) }}
+{{- fail (printf "environments.%s: not a valid environment id ([a-z0-9][a-z0-9._-]{0,62})" $id) }}
+{{- end }}
+{{- if and $.Values.existingEnvironmentsConfigMap $env.spec }}
+{{- fail (printf "environments.%s.spec: the specs come from existingEnvironmentsConfigMap; give only secretName here" $id) }}
+{{- end }}
+{{- if and (not $.Values.existingEnvironmentsConfigMap) (not $env.spec) }}
+{{- fail (printf "environments.%s.spec: missing (an environment spec with network.allowlist)" $id) }}
+{{- end }}
+{{- $network := $env.spec | default dict }}
+{{- if hasKey $network "network" }}{{ $network = $network.network | default dict }}{{ end }}
+{{- if and (hasKey $network "proxyToken") (not (regexMatch "^\\$\\{(file|env):[^}]+\\}$" (toString $network.proxyToken))) }}
+{{- fail (printf "environments.%s.spec.network.proxyToken: must be a ${file:/path} or ${env:NAME} reference; tokens never go into values or the ConfigMap" $id) }}
+{{- end }}
+{{- if and (not $env.secretName) (not (hasKey $network "proxyToken")) (not $.Values.existingEnvironmentsConfigMap) }}
+{{- fail (printf "environments.%s: no secretName and no network.proxyToken: the environment would refuse every client" $id) }}
+{{- end }}
+{{- range $i, $entry := $network.allowlist | default list }}
+{{- range $header, $value := $entry.transform | default dict }}
+{{- if not (regexMatch "\\$\\{(file|env):" (toString $value)) }}
+{{- fail (printf "environments.%s.spec.allowlist[%d].transform.%s: must reference a secret with ${file:/path} (a key of the environment's Secret) or ${env:NAME}; secrets never go into values or the ConfigMap" $id $i $header) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 

@@ -3,13 +3,16 @@
 The request goes through the egress proxy like any other sandbox traffic:
 the standard HTTPS_PROXY / HTTP_PROXY / NO_PROXY variables (or an explicit
 `proxy`), trusting SSL_CERT_FILE (or an explicit `ca_file`, typically the
-proxy's interception CA). Redirects are never followed. httpx is imported
+proxy's interception CA). Credentials in the proxy URL
+(`http://ENV_ID:TOKEN@gateway:8080`, a `--spec-dir` gateway) are sent as
+`Proxy-Authorization: Basic` by httpx, on the CONNECT and on plain-HTTP requests. Redirects are never followed. httpx is imported
 here, on first use, so a CLI run with only command hooks does not pay for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from dataclasses import dataclass
@@ -19,6 +22,9 @@ from egress.hooks.decisions import MAX_OUTPUT_BYTES
 
 USER_AGENT = f"egress-hooks/{__version__}"
 _MAX_ERROR_TEXT = 200
+# `user:password@` in a URL: the proxy URL carries the sandbox's proxy credentials
+# (`http://ENV_ID:TOKEN@gateway:8080`), which must not reach a log line.
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
 
 @dataclass(frozen=True)
@@ -108,5 +114,5 @@ def _is_httpx_timeout(exc: Exception) -> bool:
 def _describe(exc: Exception) -> str:
     # Exception texts from httpx name the URL and the OS error; they never
     # carry request headers, which may hold secrets.
-    text = str(exc) or type(exc).__name__
+    text = _USERINFO.sub("***@", str(exc) or type(exc).__name__)
     return f"{type(exc).__name__}: {text[:_MAX_ERROR_TEXT]}"
