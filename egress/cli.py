@@ -114,6 +114,10 @@ def _build_parser() -> argparse.ArgumentParser:
         limits.add_argument(flag, type=_count, default=default, metavar="N", help=f"{help_text} (default {default})")
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
     run.add_argument(
+        "--dns-listen", metavar="HOST:PORT",
+        help="answer DNS (UDP and TCP) here from the same spec: names not allowlisted get NXDOMAIN (default off)",
+    )  # fmt: skip
+    run.add_argument(
         "--workers", type=_workers, default=1, metavar="N",
         help="proxy processes sharing the listen port (SO_REUSEPORT), one CA and one /metrics (default 1)",
     )  # fmt: skip
@@ -220,6 +224,7 @@ async def _run(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return 1
     listen_host, listen_port = parse_hostport(args.listen, "--listen")
+    dns_listen = parse_hostport(args.dns_listen, "--dns-listen") if args.dns_listen else None
     metrics_host, metrics_port = parse_hostport(args.metrics_listen, "--metrics-listen")
     extra = {_limit_option(flag): str(getattr(args, flag[2:].replace("-", "_"))) for flag, *_ in _LIMIT_FLAGS}
     if extra["tcp_timeout"] == "0":  # mitmproxy would close every connection at once
@@ -258,6 +263,10 @@ async def _run(args: argparse.Namespace) -> int:
             extra_options=extra,
             log=DecisionLog(args.log_format),
             readiness=readiness,
+            # With --workers only the first worker serves DNS: mitmproxy's UDP server
+            # cannot share a port (no SO_REUSEPORT), and one process answers far more
+            # queries than a sandbox asks (docs/benchmarks-dns.md).
+            dns_listen=dns_listen if worker is None or worker.index == 0 else None,
         )
     except Exception as exc:  # mitmproxy reports bad option values as exceptions
         raise UsageError(f"--set: {exc}") from None
@@ -269,7 +278,8 @@ async def _run(args: argparse.Namespace) -> int:
     spec = holder.spec
     print(
         f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, "
-        f"{len(spec.entries)} allowlist entries (mode {spec.mode})\n"
+        + (f"DNS on {args.dns_listen}, " if dns_listen else "")
+        + f"{len(spec.entries)} allowlist entries (mode {spec.mode})\n"
         f"egress-proxy: CA certificate: {confdir / 'mitmproxy-ca-cert.pem'}",
         file=sys.stderr,
         flush=True,

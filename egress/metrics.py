@@ -25,6 +25,11 @@ REQUESTS = Counter(
     "Decisions on requests (intercepted or plain HTTP) and on passthrough tunnels.",
     ["decision", "reason", "rule"],
 )
+DNS_QUERIES = Counter(
+    "egress_dns_queries",
+    "Queries to the DNS listener (--dns-listen) by decision, reason, allowlist rule and query type.",
+    ["decision", "reason", "rule", "qtype"],
+)
 CREDENTIAL_INJECTIONS = Counter(
     "egress_credential_injections",
     "Requests that had an allowlist entry's transform applied.",
