@@ -134,6 +134,10 @@ def _build_parser() -> argparse.ArgumentParser:
     rules.add_argument(
         "--dns", action="append", default=[], metavar="IP", help="resolver that may be reached on port 53 (repeatable)"
     )
+    rules.add_argument(
+        "--dns-port", type=int, metavar="PORT",
+        help="redirect all DNS (UDP/TCP port 53, any address) to the proxy's --dns-listen port on loopback",
+    )  # fmt: skip
     rules.add_argument("--apply", action="store_true", help="install the rules with `nft -f -`")
     return parser
 
@@ -156,7 +160,11 @@ def cmd_redirect_rules(args: argparse.Namespace) -> int:
 
     try:
         script = render_rules(
-            proxy_port=args.proxy_port, proxy_uid=args.proxy_uid, proxy_mark=args.proxy_mark, dns=args.dns
+            proxy_port=args.proxy_port,
+            proxy_uid=args.proxy_uid,
+            proxy_mark=args.proxy_mark,
+            dns=args.dns,
+            dns_port=args.dns_port,
         )
     except RulesError as exc:
         raise UsageError(f"redirect-rules: {exc}") from None
