@@ -77,6 +77,8 @@ class UdpEcho:
 class Sandbox:
     """Duck-types the parts of `Lab` that `ProxyProcess` uses, for the sandbox namespace."""
 
+    udp_ports = UDP_PORTS  # the UDP echo's ports in the upstream namespace
+
     def __init__(self, lab: Lab):
         self.lab = lab
         self.proxy_ns = f"egs-{lab.id}"  # ProxyProcess runs the proxy here
@@ -126,7 +128,7 @@ class Sandbox:
         (etc / "resolv.conf").write_text(
             "options timeout:1 attempts:1\nnameserver 127.0.0.53\n"
         )
-        self.udp = UdpEcho(lab.upstream_ns)
+        self.udp = UdpEcho(lab.upstream_ns, self.udp_ports)
 
     def start_proxy(self, spec_text: str, env: dict | None = None) -> ProxyProcess:
         proxy = ProxyProcess(
