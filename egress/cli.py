@@ -233,6 +233,11 @@ async def _run(args: argparse.Namespace) -> int:
         return 1
     listen_host, listen_port = parse_hostport(args.listen, "--listen")
     dns_listen = parse_hostport(args.dns_listen, "--dns-listen") if args.dns_listen else None
+    if worker is not None and worker.index != 0:
+        # With --workers only the first worker serves DNS: mitmproxy's UDP server cannot
+        # share a port (no SO_REUSEPORT), and one process answers far more queries than
+        # a sandbox asks (docs/benchmarks-dns.md).
+        dns_listen = None
     metrics_host, metrics_port = parse_hostport(args.metrics_listen, "--metrics-listen")
     extra = {_limit_option(flag): str(getattr(args, flag[2:].replace("-", "_"))) for flag, *_ in _LIMIT_FLAGS}
     if extra["tcp_timeout"] == "0":  # mitmproxy would close every connection at once
@@ -271,10 +276,7 @@ async def _run(args: argparse.Namespace) -> int:
             extra_options=extra,
             log=DecisionLog(args.log_format),
             readiness=readiness,
-            # With --workers only the first worker serves DNS: mitmproxy's UDP server
-            # cannot share a port (no SO_REUSEPORT), and one process answers far more
-            # queries than a sandbox asks (docs/benchmarks-dns.md).
-            dns_listen=dns_listen if worker is None or worker.index == 0 else None,
+            dns_listen=dns_listen,
         )
     except Exception as exc:  # mitmproxy reports bad option values as exceptions
         raise UsageError(f"--set: {exc}") from None

@@ -362,3 +362,67 @@ def test_listener_answers_on_ipv6_loopback(box: DnsSandbox):
     query = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + b"\x08attacker\x04test\x00\x00\x01\x00\x01"
     answer = ask_listener(box, query, socket.AF_INET6, "::1")
     assert answer[:2] == b"\x42\x42" and answer[3] & 15 == 3
+
+
+def test_workers_one_of_them_serves_dns(lab: Lab):
+    dns_port = lab.free_port()
+    proxy = lab.start_proxy(SPEC, "--workers", "2", "--dns-listen", f"127.0.0.1:{dns_port}")
+    try:
+        for transport in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+            with in_netns(lab.proxy_ns):
+                sock = socket.socket(socket.AF_INET, transport)
+            try:
+                sock.settimeout(5)
+                query = struct.pack("!HHHHHH", 7, 0x0100, 1, 0, 0, 0) + b"\x08attacker\x04test\x00\x00\x10\x00\x01"
+                if transport == socket.SOCK_STREAM:
+                    sock.connect(("127.0.0.1", dns_port))
+                    sock.sendall(struct.pack("!H", len(query)) + query)
+                    answer = sock.recv(65536)[2:]
+                else:
+                    sock.sendto(query, ("127.0.0.1", dns_port))
+                    answer = sock.recv(65536)
+            finally:
+                sock.close()
+            assert answer[:2] == b"\x00\x07" and answer[3] & 15 == 3
+        assert metric(proxy, "egress_dns_queries_total", decision="blocked", qtype="TXT") == 2
+        assert proxy.stderr().count(f"DNS on 127.0.0.1:{dns_port}") == 1
+    finally:
+        proxy.stop()
+
+
+def test_report_mode_forwards_and_counts_reported(box: DnsSandbox):
+    from e2e.lab import ProxyProcess
+
+    dns_port = box.free_port()
+    report = ProxyProcess(box, SPEC.replace("network:\n", "network:\n  mode: report\n"),
+                          ["--dns-listen", f"127.0.0.1:{dns_port}"], env=None, name="report.yaml")  # fmt: skip
+    report.start()
+    try:
+        name = f"{token()}.attacker.test"
+        query = struct.pack("!HHHHHH", 0x77, 0x0100, 1, 0, 0, 0)
+        query += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0\0\1\0\1"
+        with in_netns(box.proxy_ns):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.settimeout(5)
+            sock.sendto(query, ("127.0.0.1", dns_port))
+            answer = sock.recv(65536)
+        finally:
+            sock.close()
+        assert answer[:2] == b"\x00\x77" and answer[3] & 15 == 0 and answer.endswith(bytes([198, 18, 0, 13]))
+        assert name in box.cluster.queries()  # forwarded: report mode lets it pass, like connections
+        assert metric(report, "egress_dns_queries_total", decision="reported", reason="not_allowlisted") == 1
+        assert [line["decision"] for line in report.audit() if line.get("event") == "dns"] == ["reported"]
+        # PTR never leaves, not even in report mode.
+        ptr = struct.pack("!HHHHHH", 0x78, 0x0100, 1, 0, 0, 0) + b"\x0299\x010\x0218\x03198\x07in-addr\x04arpa\x00\x00\x0c\x00\x01"
+        with in_netns(box.proxy_ns):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.settimeout(5)
+            sock.sendto(ptr, ("127.0.0.1", dns_port))
+            assert sock.recv(65536)[3] & 15 == 3
+        finally:
+            sock.close()
+        assert "in-addr.arpa" not in box.all_queries()
+    finally:
+        report.stop()
