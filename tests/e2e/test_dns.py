@@ -11,10 +11,13 @@ proxy's resolver, and work end to end.
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import struct
+import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -426,3 +429,90 @@ def test_report_mode_forwards_and_counts_reported(box: DnsSandbox):
         assert "in-addr.arpa" not in box.all_queries()
     finally:
         report.stop()
+
+
+# -- gateway pattern: the sandbox in its own namespace, the proxy's DNS over a veth -----
+
+GATEWAY_V4, GATEWAY_CLIENT_V4 = "198.18.5.1", "198.18.5.2"
+# What the chart's sandbox NetworkPolicy allows: the gateway's proxy and DNS ports, nothing else.
+CLIENT_RULES = """table inet egress_test_policy {{
+    chain output {{
+        type filter hook output priority 0; policy drop;
+        oif "lo" accept
+        ct state established,related accept
+        ip daddr {gw} tcp dport {{ {proxy_port}, 53 }} accept
+        ip daddr {gw} udp dport 53 accept
+    }}
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(box: DnsSandbox, lab: Lab):
+    from e2e.lab import ProxyProcess, run
+
+    client_ns, vc, vg = f"egc-{lab.id}", f"vc{lab.id}", f"vg{lab.id}"
+    etc = Path("/etc/netns") / client_ns
+    run(["ip", "netns", "del", client_ns], check=False)
+    proxy = None
+    try:
+        run(["ip", "netns", "add", client_ns])
+        run(["ip", "link", "add", vc, "type", "veth", "peer", "name", vg])
+        run(["ip", "link", "set", vc, "netns", client_ns])
+        run(["ip", "link", "set", vg, "netns", box.proxy_ns])
+        cns, gns = ["ip", "netns", "exec", client_ns], ["ip", "netns", "exec", box.proxy_ns]
+        run([*cns, "ip", "link", "set", "lo", "up"])
+        run([*cns, "ip", "addr", "add", f"{GATEWAY_CLIENT_V4}/24", "dev", vc])
+        run([*gns, "ip", "addr", "add", f"{GATEWAY_V4}/24", "dev", vg])
+        run([*cns, "ip", "link", "set", vc, "up"])
+        run([*gns, "ip", "link", "set", vg, "up"])
+        run([*cns, "ip", "route", "add", "default", "via", GATEWAY_V4])
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text("127.0.0.1 localhost\n")
+        # dnsPolicy: None, the gateway's Service address as the only nameserver.
+        (etc / "resolv.conf").write_text(f"options timeout:2 attempts:1\nnameserver {GATEWAY_V4}\n")
+        proxy = ProxyProcess(box, SPEC, ["--dns-listen", f"{GATEWAY_V4}:53"], env=None, name="gateway.yaml")
+        proxy.start()
+        rules = CLIENT_RULES.format(gw=GATEWAY_V4, proxy_port=proxy.port)
+        applied = subprocess.run([*cns, "nft", "-f", "-"], input=rules, capture_output=True, text=True, timeout=30)
+        assert applied.returncode == 0, applied.stderr
+        yield client_ns, proxy
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        run(["ip", "netns", "del", client_ns], check=False)
+        shutil.rmtree(etc, ignore_errors=True)
+
+
+def in_client(client_ns: str, *cmd: str) -> subprocess.CompletedProcess:
+    from e2e.transparent_lab import CLIENT_ENV, NOBODY
+
+    return subprocess.run(["ip", "netns", "exec", client_ns, *NOBODY, *cmd],
+                          capture_output=True, text=True, timeout=30, env=CLIENT_ENV)  # fmt: skip
+
+
+def test_gateway_sandbox_resolves_only_allowlisted_names(box: DnsSandbox, gateway):
+    client_ns, proxy = gateway
+    out = in_client(client_ns, "getent", "hosts", "dnsonly.example.test")
+    assert out.returncode == 0 and "198.18.0.10" in out.stdout, out.stderr
+    assert re.search(r"query\[A\] dnsonly\.example\.test from 198\.18\.1\.1", box.cluster.queries())
+    names = []
+    for args in (["A"], ["TXT"], ["+tcp", "ANY"], ["HTTPS"], ["MX"]):
+        name = f"{token()}.attacker.test"
+        names.append(name)
+        out = in_client(client_ns, "dig", "+tries=1", "+time=3", *args[:-1], name, args[-1])
+        assert "status: NXDOMAIN" in out.stdout, out.stdout
+    name = f"{token()}.attacker.test"
+    names.append(name)
+    assert in_client(client_ns, "getent", "ahosts", name).returncode == 2
+    out = in_client(client_ns, "dig", "+tries=1", "+time=3", "-x", "198.18.0.77")
+    assert "status: NXDOMAIN" in out.stdout
+    # Straight to a resolver: the policy drops it (no answer at all).
+    name = f"{token()}.attacker.test"
+    names.append(name)
+    out = in_client(client_ns, "dig", "+tries=1", "+time=2", f"@{RESOLVER_V4}", name)
+    assert "timed out" in out.stdout or "no servers could be reached" in out.stdout, out.stdout
+    for name in names:
+        assert_never_left(box, name)
+    assert "77.5.18.198" not in box.all_queries() and "in-addr.arpa" not in box.all_queries()
+    assert metric(proxy, "egress_dns_queries_total", decision="blocked", reason="not_allowlisted") >= 6
