@@ -2,22 +2,24 @@
 
 One hook, one sequence: read the query, ask `egress.dns_policy.decide` under the spec
 in force, act on the verdict (answer locally, resolve A/AAAA through the proxy's
-resolver and drop forbidden addresses, or, in report mode only, forward), fit the
-answer into the client's UDP size (TC bit, the client retries over TCP), count it
-and log blocked ones. Every query gets an answer from here; nothing else in the
-process talks to a resolver on the sandbox's behalf (egress/addons/dns_layer.py).
+resolver and drop forbidden addresses, or, in report mode only, forward), write the
+answer within the client's UDP size (egress/dns_wire.py: TC bit, the client retries
+over TCP), count it and log blocked ones. Every query gets an answer from here;
+nothing else in the process talks to a resolver on the sandbox's behalf
+(egress/addons/dns_layer.py).
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from mitmproxy import dns
 
 from egress import dns_policy as dp
-from egress.addons.dns_layer import DROP_KEY, UNPARSED
+from egress import dns_wire
+from egress.addons.dns_layer import DROP_KEY, RAW, UNPARSED, WIRE_KEY
 from egress.addresses import IPAddress
 from egress.audit import DecisionLog
 from egress.dns_forward import forward, system_nameserver
@@ -41,52 +43,6 @@ def read_query(msg: dns.DNSMessage) -> dp.Query:
     )
 
 
-def _opt_record(extended_rcode: int = 0) -> dns.ResourceRecord:
-    # Root name, our UDP size in the class field, extended RCODE in the TTL's top byte.
-    return dns.ResourceRecord("", dp.OPT, dp.OUR_UDP_PAYLOAD, (extended_rcode >> 4) << 24, b"")
-
-
-def build_answer(
-    request: dns.DNSMessage, query: dp.Query, rcode: int, addresses: Sequence[IPAddress] = ()
-) -> dns.DNSMessage:
-    qname, qtype = (query.questions[0][0], query.qtype) if len(query.questions) == 1 else ("", 0)
-    answers = [
-        dns.ResourceRecord(qname, qtype, dp.CLASS_IN, dp.ANSWER_TTL, ip.packed)
-        for ip in addresses
-        if ip.version == dp.address_family(qtype)
-    ]
-    return dns.DNSMessage(
-        id=request.id,
-        query=False,
-        op_code=request.op_code,
-        authoritative_answer=False,
-        truncation=False,
-        recursion_desired=request.recursion_desired,
-        recursion_available=True,
-        reserved=0,
-        response_code=rcode & 0xF,
-        # A question that is not exactly one well-formed question is not echoed.
-        questions=list(request.questions) if query.parsed and len(query.questions) == 1 else [],
-        answers=answers,
-        authorities=[],
-        additionals=[_opt_record(rcode)] if query.opt_records == 1 else [],
-    )
-
-
-def fit(response: dns.DNSMessage, limit: int) -> dns.DNSMessage:
-    """`response`, or its truncated form (TC set, no records) when larger than `limit` bytes."""
-    try:
-        size = len(response.packed)
-    except ValueError:  # the question's name does not survive re-encoding
-        response.questions = []
-        size = len(response.packed)
-    if size <= limit:
-        return response
-    response.truncation = True
-    response.answers, response.authorities = [], []
-    return response
-
-
 class DnsFilter:
     def __init__(
         self,
@@ -105,24 +61,37 @@ class DnsFilter:
         request = flow.request
         query = read_query(request)
         verdict = dp.decide(spec, query)
-        response: dns.DNSMessage | None = None
+        if verdict.action is dp.Action.DROP:
+            flow.metadata[DROP_KEY] = True
+            self._record(flow, query, verdict)
+            return
+        raw: bytes = getattr(request, RAW, b"")
+        opt = next((rr for rr in request.additionals if rr.type == dp.OPT), None)
+        if flow.client_conn.transport_protocol == "tcp":
+            limit = dp.MAX_TCP_PAYLOAD
+        else:
+            limit = dp.udp_payload_limit(query.opt_records, opt.class_ if opt else 0)
+        wire: bytes | None = None
         addresses: list[IPAddress] = []
         match verdict.action:
-            case dp.Action.DROP:
-                flow.metadata[DROP_KEY] = True
             case dp.Action.LOOPBACK:
                 addresses = [dp.loopback_address(query.qtype)]
             case dp.Action.RESOLVE:
                 addresses, verdict = await self._resolve(spec, verdict, query)
             case dp.Action.FORWARD:
-                response, verdict = await self._forward(spec, request, verdict)
-        if response is None and verdict.action is not dp.Action.DROP:
-            response = build_answer(request, query, verdict.rcode, addresses)
-        if response is not None:
-            tcp = flow.client_conn.transport_protocol == "tcp"
-            request_opt = next((rr for rr in request.additionals if rr.type == dp.OPT), None)
-            limit = dp.MAX_TCP_PAYLOAD if tcp else dp.udp_payload_limit(query.opt_records, request_opt.class_ if request_opt else 0)
-            flow.response = fit(response, limit)
+                wire = await self._forward(raw, limit)
+        if wire is None:
+            wire = dns_wire.answer(
+                raw,
+                rcode=verdict.rcode,
+                qtype=query.qtype,
+                addresses=addresses,
+                ttl=dp.ANSWER_TTL,
+                with_question=query.parsed and len(query.questions) == 1,
+                opt_size=dp.OUR_UDP_PAYLOAD if query.opt_records == 1 else None,
+                limit=limit,
+            )
+        flow.metadata[WIRE_KEY] = wire
         self._record(flow, query, verdict)
 
     async def _resolve(self, spec: Spec, verdict: dp.Verdict, query: dp.Query) -> tuple[list[IPAddress], dp.Verdict]:
@@ -133,17 +102,13 @@ class DnsFilter:
             return [], dp.resolve_failed(spec, verdict, rcode)
         return dp.filter_addresses(spec, verdict, found, self._is_self)
 
-    async def _forward(
-        self, spec: Spec, request: dns.DNSMessage, verdict: dp.Verdict
-    ) -> tuple[dns.DNSMessage | None, dp.Verdict]:
+    async def _forward(self, raw: bytes, limit: int) -> bytes:
+        """Report mode: the query as the sandbox sent it, to the proxy's resolver; SERVFAIL on failure."""
         try:
-            wire = await forward(request.packed, self._nameserver())
-            answer = dns.DNSMessage.unpack(wire)
-        except Exception as exc:  # ForwardError, or an answer mitmproxy cannot parse
+            return dns_wire.relayed(await forward(raw, self._nameserver()), raw, limit)
+        except Exception as exc:  # ForwardError, a short answer
             logger.warning("report mode: forwarding a DNS query failed (%s)", type(exc).__name__)
-            return request.fail(dp.SERVFAIL), verdict
-        answer.id = request.id
-        return answer, verdict
+            return dns_wire.answer(raw, rcode=dp.SERVFAIL, limit=limit)
 
     def _record(self, flow: dns.DNSFlow, query: dp.Query, verdict: dp.Verdict) -> None:
         qtype = dp.qtype_label(query.qtype)

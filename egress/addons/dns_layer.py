@@ -13,9 +13,11 @@ escapes the layer. This subclass changes three things, and nothing else:
 - it never opens an upstream connection: the hook answers, or marks the query to
   be dropped, or the client gets SERVFAIL. Forwarding (report mode) is done by the
   addon, which decides where to;
-- responses are packed here and a response that cannot be packed (a name that
-  does not survive mitmproxy's re-encoding) becomes SERVFAIL without a question,
-  instead of an exception. No `dns_response` hook: nothing of ours reads one.
+- the hook's answer is sent as the wire bytes it left in `flow.metadata`
+  (egress/dns_wire.py builds them from the query's own bytes); otherwise
+  `flow.response` is packed here, and one that cannot be packed (a name that does
+  not survive mitmproxy's re-encoding) becomes SERVFAIL without a question instead
+  of an exception. No `dns_response` hook: nothing of ours reads one.
 
 `install()` makes mitmproxy's DNS server instances use this layer (they build their
 top layer in `DnsInstance.make_top_layer`). tests/e2e/test_dns.py sends the packets
@@ -33,7 +35,9 @@ from mitmproxy.proxy.layers import dns as dns_layer
 
 
 UNPARSED = "_egress_unparsed"  # attribute set on a message built from the header only
+RAW = "_egress_raw"  # attribute: the message's bytes as received
 DROP_KEY = "egress.dns.drop"  # flow.metadata: the hook decided not to answer
+WIRE_KEY = "egress.dns.wire"  # flow.metadata: the answer, already in wire format
 _HEADER = struct.Struct("!HHHHHH")
 _LENGTH = struct.Struct("!H")
 
@@ -71,9 +75,11 @@ def header_only(data: bytes) -> dns.DNSMessage:
 def parse(data: bytes) -> dns.DNSMessage:
     """mitmproxy's parser, but any failure gives the header-only message."""
     try:
-        return dns.DNSMessage.unpack(data, timestamp=time.time())
+        msg = dns.DNSMessage.unpack(data, timestamp=time.time())
     except Exception:  # struct.error, UnicodeError (punycode), ValueError, ...
-        return header_only(data)
+        msg = header_only(data)
+    setattr(msg, RAW, data)
+    return msg
 
 
 def servfail_without_question(request: dns.DNSMessage) -> bytes:
@@ -112,6 +118,12 @@ class FilteringDNSLayer(dns_layer.DNSLayer):
         flow.request = msg
         yield dns_layer.DnsRequestHook(flow)
         if flow.metadata.get(DROP_KEY):
+            return
+        wire = flow.metadata.get(WIRE_KEY)
+        if isinstance(wire, bytes):
+            if flow.client_conn.transport_protocol == "tcp":
+                wire = _LENGTH.pack(len(wire)) + wire
+            yield commands.SendData(self.context.client, wire)
             return
         if flow.response is None:
             flow.response = msg.fail(dns.response_codes.SERVFAIL)
