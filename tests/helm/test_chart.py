@@ -896,3 +896,9 @@ def test_readme_install_command_and_sandbox_pod(helm, tmp_path):
         <= pod["metadata"]["labels"].items()
     )
     assert pod["metadata"]["namespace"] == namespace == policy["metadata"]["namespace"]
+    # DNS: the gateway's Service is the pod's only nameserver, and the proxy's own name
+    # (which the gateway's DNS does not answer) is mapped to it.
+    cluster_ip = service["spec"]["clusterIP"]
+    assert pod["spec"]["dnsPolicy"] == "None" and pod["spec"]["dnsConfig"]["nameservers"] == [cluster_ip]
+    assert pod["spec"]["hostAliases"] == [{"ip": cluster_ip, "hostnames": [f"{service['metadata']['name']}.{namespace}.svc"]}]
+    assert {p["port"] for p in service["spec"]["ports"] if p["protocol"] == "UDP"} == {53}
