@@ -43,7 +43,7 @@ def cores() -> tuple[str, str]:
     return str(available[0]), str(available[1 if len(available) > 1 else 0])
 
 
-def dnsperf(ns: str, port: int, queries: Path, seconds: int, core: str) -> dict[str, float]:
+def dnsperf(ns: str, port: int, queries: Path, seconds: int, core: str) -> dict:
     out = run(
         ["ip", "netns", "exec", ns, "taskset", "-c", core, "dnsperf", "-s", "127.0.0.1", "-p", str(port),
          "-d", str(queries), "-l", str(seconds), "-c", "4", "-q", "200", "-t", "2"],
@@ -52,12 +52,14 @@ def dnsperf(ns: str, port: int, queries: Path, seconds: int, core: str) -> dict[
     qps = re.search(r"Queries per second:\s+([\d.]+)", out.stdout)
     lost = re.search(r"Queries lost:\s+(\d+)", out.stdout)
     latency = re.search(r"Average Latency \(s\):\s+([\d.]+)", out.stdout)
+    codes = re.search(r"Response codes:\s+(.*)", out.stdout)
     if not qps:
         raise RuntimeError(f"dnsperf failed: {out.stdout[-500:]} {out.stderr[-500:]}")
     return {
         "qps": float(qps.group(1)),
         "lost": float(lost.group(1)) if lost else 0.0,
         "latency_ms": float(latency.group(1)) * 1000 if latency else 0.0,
+        "codes": codes.group(1).strip() if codes else "",
     }
 
 
@@ -110,7 +112,7 @@ def main() -> int:
         blocked.write_text("".join(f"x{i:06d}.attacker.test A\n" for i in range(20000)))
         allowed = work / "allowed.txt"
         allowed.write_text("allowed.bench.test A\n" * 100)
-        results: dict[str, list[dict[str, float]]] = {"blocked": [], "allowed": [], "direct": []}
+        results: dict[str, list[dict]] = {"blocked": [], "allowed": [], "direct": []}
         for _ in range(args.rounds):
             results["blocked"].append(dnsperf(ns, DNS_PORT, blocked, args.seconds, load_core))
             results["allowed"].append(dnsperf(ns, DNS_PORT, allowed, args.seconds, load_core))
@@ -134,12 +136,12 @@ def main() -> int:
     direct = mean("direct", "qps")
     rows = [
         f"| {name} | {mean(name, 'qps'):,.0f} | {', '.join(f'{r['qps']:,.0f}' for r in results[name])} "
-        f"| {mean(name, 'latency_ms'):.2f} | {sum(r['lost'] for r in results[name]):.0f} |"
+        f"| {mean(name, 'latency_ms'):.2f} | {sum(r['lost'] for r in results[name]):.0f} | {results[name][-1]['codes']} |"
         for name in ("blocked", "allowed", "direct")
     ]
     text = "\n".join([
-        "| target | q/s mean | q/s per run | avg latency ms | lost |",
-        "|---|---:|---:|---:|---:|",
+        "| target | q/s mean | q/s per run | avg latency ms | lost | response codes (last run) |",
+        "|---|---:|---:|---:|---:|---|",
         *rows,
         "",
         f"allowed / direct = {mean('allowed', 'qps') / direct:.2f}; "

@@ -98,7 +98,11 @@ class DnsFilter:
         try:
             found = await resolve_family(verdict.decision.host, dp.address_family(query.qtype))
         except ResolveError as exc:
-            rcode = {_EAI_NONAME: dp.NXDOMAIN, _EAI_NODATA: dp.NOERROR}.get(exc.code, dp.SERVFAIL)
+            # getaddrinfo asked for one family cannot tell "no such name" from "no
+            # address of this family" (glibc says EAI_NONAME for both): an empty answer
+            # is right for both, where NXDOMAIN for the AAAA of an IPv4-only name would
+            # make caches forget its A records. Resolver failures stay SERVFAIL.
+            rcode = dp.NOERROR if exc.code in (_EAI_NONAME, _EAI_NODATA) else dp.SERVFAIL
             return [], dp.resolve_failed(spec, verdict, rcode)
         return dp.filter_addresses(spec, verdict, found, self._is_self)
 

@@ -54,6 +54,8 @@ class Dnsmasq:
             *(f"--listen-address={a}" for a in addresses),
             # Any other name under attacker.test answers too, like an attacker's name server.
             "--address=/attacker.test/198.18.0.13",
+            # Authoritative for example.test: unknown names NXDOMAIN, missing types NODATA.
+            "--local=/example.test/",
         ]  # fmt: skip
         if wildcard:
             cmd.append(f"--address=/#/{wildcard}")
