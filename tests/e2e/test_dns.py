@@ -522,3 +522,19 @@ def test_gateway_sandbox_resolves_only_allowlisted_names(box: DnsSandbox, gatewa
         assert_never_left(box, name)
     assert "77.5.18.198" not in box.all_queries() and "in-addr.arpa" not in box.all_queries()
     assert metric(proxy, "egress_dns_queries_total", decision="blocked", reason="not_allowlisted") >= 6
+
+
+def test_many_lookups_from_new_sockets_are_all_answered(box: DnsSandbox):
+    """A stub resolver opens a new socket per lookup, and each is a session in mitmproxy
+    for 20 s: 400 in a row must all be answered, and must not use up the client's
+    connection budget (--max-connections-per-client, 256) for HTTP."""
+    answered = 0
+    for i in range(400):
+        query = struct.pack("!HHHHHH", i, 0x0100, 1, 0, 0, 0) + b"\x08attacker\x04test\x00\x00\x01\x00\x01"
+        try:
+            answered += ask_listener(box, query)[:2] == struct.pack("!H", i)
+        except TimeoutError:
+            pass
+    assert answered == 400
+    status, _, body = box.curl(f"https://dnsonly.example.test/dns/{uuid.uuid4().hex}")
+    assert status == 200, body
