@@ -538,3 +538,31 @@ def test_many_lookups_from_new_sockets_are_all_answered(box: DnsSandbox):
     assert answered == 400
     status, _, body = box.curl(f"https://dnsonly.example.test/dns/{uuid.uuid4().hex}")
     assert status == 200, body
+
+
+def test_an_error_in_the_hook_fails_closed(box: DnsSandbox):
+    """EGRESS_TEST_FAULT makes the dns_request hook raise: the query gets SERVFAIL,
+    nothing is forwarded, the error is counted and the listener keeps answering."""
+    from e2e.lab import ProxyProcess
+
+    dns_port = box.free_port()
+    faulty = ProxyProcess(box, SPEC, ["--dns-listen", f"127.0.0.1:{dns_port}"],
+                          env={"EGRESS_TEST_FAULT": "DnsFilter.dns_request"}, name="faulty.yaml")  # fmt: skip
+    faulty.start()
+    try:
+        for i in range(2):
+            query = struct.pack("!HHHHHH", 0x50 + i, 0x0100, 1, 0, 0, 0)
+            query += b"\x07dnsonly\x07example\x04test\x00\x00\x01\x00\x01"
+            with in_netns(box.proxy_ns):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.settimeout(5)
+                sock.sendto(query, ("127.0.0.1", dns_port))
+                answer = sock.recv(65536)
+            finally:
+                sock.close()
+            assert answer[:2] == struct.pack("!H", 0x50 + i) and answer[3] & 15 == 2  # SERVFAIL
+        assert metric(faulty, "egress_internal_errors_total", hook="dns_request") == 2
+        assert faulty.proc.poll() is None
+    finally:
+        faulty.stop()
