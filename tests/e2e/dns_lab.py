@@ -14,6 +14,7 @@ it receives to its own log file: a name absent from every log never left.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import threading
@@ -117,8 +118,13 @@ class Sink:
                 conn.close()
 
     def stop(self) -> None:
-        self.udp.close()
-        self.tcp.close()
+        # shutdown wakes the threads blocked in recv/accept: a socket closed under a
+        # blocked call stays bound until the call returns, keeping port 53 taken for
+        # the next module's UDP echo on the same namespace.
+        for sock in (self.udp, self.tcp):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
 
 
 class DnsSandbox(Sandbox):

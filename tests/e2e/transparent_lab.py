@@ -65,12 +65,21 @@ class UdpEcho:
         while True:
             try:
                 data, peer = sock.recvfrom(65536)
+                if peer is None:  # woken by shutdown
+                    return
                 sock.sendto(b"echo:" + data, peer)
             except OSError:
                 return
 
     def close(self) -> None:
         for sock in self.socks:
+            # shutdown wakes the thread blocked in recvfrom; closed under it, the socket
+            # would stay bound until that call returned, and the next sandbox (another
+            # test module, same upstream namespace) could not bind the port.
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             sock.close()
 
 
