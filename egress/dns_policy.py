@@ -87,6 +87,9 @@ class Query:
     parsed: bool = True  # False: only the header could be read
     opt_records: int = 0
     edns_version: int = 0
+    # False when a label of the name as sent holds a dot (`a\.b`): the parsed name
+    # would then read as other labels than the ones on the wire.
+    plain_labels: bool = True
 
     @property
     def qtype(self) -> int:
@@ -136,6 +139,8 @@ def decide(spec: Spec, query: Query) -> Verdict:
         return _blocked(Action.ERROR, FORMERR, MALFORMED, raw_host)
     if query.opt_records and query.edns_version != 0:
         return _blocked(Action.ERROR, BADVERS, BAD_EDNS, raw_host)
+    if not query.plain_labels:  # not a host name: answered here like any other
+        return _blocked(Action.ERROR, NXDOMAIN, policy.NOT_ALLOWLISTED, raw_host)
     try:
         host = normalize_host(name)
     except HostError:

@@ -37,6 +37,30 @@ def question_end(packet: bytes) -> int | None:
     return None
 
 
+def question_labels(packet: bytes) -> list[bytes] | None:
+    """The first question's labels as sent (compression pointers followed), or None if unreadable.
+
+    mitmproxy joins labels with dots, so `a\\.b` (one label holding a dot) and `a.b`
+    read the same once parsed; the policy needs the labels themselves.
+    """
+    labels: list[bytes] = []
+    offset, hops = HEADER.size, 0
+    while offset < len(packet):
+        size = packet[offset]
+        if size == 0:
+            return labels
+        if size >= 0xC0:
+            if offset + 1 >= len(packet) or hops > 64:
+                return None
+            offset, hops = ((size & 0x3F) << 8) | packet[offset + 1], hops + 1
+            continue
+        if size >= 64 or offset + 1 + size > len(packet):
+            return None
+        labels.append(packet[offset + 1 : offset + 1 + size])
+        offset += 1 + size
+    return None
+
+
 def answer(
     packet: bytes,
     *,

@@ -33,7 +33,9 @@ _EAI_NONAME = socket.EAI_NONAME
 
 def read_query(msg: dns.DNSMessage) -> dp.Query:
     opts = [rr for rr in msg.additionals if rr.type == dp.OPT]
+    labels = dns_wire.question_labels(getattr(msg, RAW, b"")) if len(msg.questions) == 1 else None
     return dp.Query(
+        plain_labels=labels is None or not any(b"." in label for label in labels),
         is_query=msg.query,
         opcode=msg.op_code,
         questions=tuple((q.name, q.type, q.class_) for q in msg.questions),

@@ -234,6 +234,8 @@ cases = {
   "high_bytes": hdr(8) + wire(b"\xe2\x98\x83", b"attacker", b"test") + Q,
   "nul_in_label": hdr(9) + wire(b"a\x00b", b"attacker", b"test") + Q,
   "dot_in_label": hdr(10) + wire(b"x.dnsonly", b"example", b"test") + Q,
+  "dot_label_wildcard": hdr(21) + wire(b"dotted.label", b"wild", b"example", b"test") + Q,
+  "dot_label_exact": hdr(22) + wire(b"dnsonly.example", b"test") + Q,
   "opcode_notify": hdr(11, flags=0x2000) + wire(b"attacker", b"test") + Q,
   "opcode_update": hdr(12, flags=0x2800) + wire(b"attacker", b"test") + Q,
   "chaos": hdr(13) + wire(b"version", b"bind") + b"\0\x10\0\x03",
@@ -288,7 +290,7 @@ def test_malformed_packets_get_local_answers_and_the_listener_keeps_answering(bo
                        "qdcount2", "bad_punycode", "high_bytes", "oversized", "ancount_lies", "two_opt"}  # fmt: skip
     for name in ("opcode_notify", "opcode_update", "chaos", "axfr"):
         assert got[name]["rcode"] == 5, (name, got[name])  # REFUSED
-    for name in ("nul_in_label", "dot_in_label", "long_name"):
+    for name in ("nul_in_label", "dot_in_label", "long_name", "dot_label_wildcard", "dot_label_exact"):
         assert got[name]["rcode"] == 3, (name, got[name])  # NXDOMAIN
     assert got["edns_version1"]["rcode"] == 0 and got["edns_version1"]["ext"] == 1  # BADVERS = 16
     assert got["garbage"]["rcode"] == 1 and got["garbage"]["id"] == 0xDEAD
@@ -301,6 +303,7 @@ def test_malformed_packets_get_local_answers_and_the_listener_keeps_answering(bo
     assert dig(box, "+tcp", "dnsonly.example.test")[0] == "NOERROR"
     logged = box.all_queries()
     assert "attacker.test" not in logged and "version.bind" not in logged and "aaaaaaaa" not in logged
+    assert "dotted" not in logged  # a label holding a dot never reaches the resolver, wildcard or not
     assert box.proxy.proc.poll() is None
 
 

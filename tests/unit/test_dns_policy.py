@@ -56,6 +56,9 @@ CASES = [
     (q("x" * 300 + ".wild.test"), Action.ERROR, dp.NXDOMAIN, "blocked", policy.NOT_ALLOWLISTED, ""),
     (q(""), Action.ERROR, dp.NXDOMAIN, "blocked", policy.NOT_ALLOWLISTED, ""),
     (q("127.0.0.1"), Action.ERROR, dp.NXDOMAIN, "blocked", policy.LOOPBACK, ""),
+    # a label that holds a dot on the wire (`x\\.y.wild.test`) reads like other labels once parsed
+    (q("x.y.wild.test", plain_labels=False), Action.ERROR, dp.NXDOMAIN, "blocked", policy.NOT_ALLOWLISTED, ""),
+    (q("allowed.test", plain_labels=False), Action.ERROR, dp.NXDOMAIN, "blocked", policy.NOT_ALLOWLISTED, ""),
     # PTR: never forwarded, whatever the name
     (q("4.3.2.1.in-addr.arpa", dp.PTR), Action.ERROR, dp.NXDOMAIN, "blocked", dp.REVERSE_LOOKUP, ""),
     (q("secret.data.in-addr.arpa", dp.PTR), Action.ERROR, dp.NXDOMAIN, "blocked", dp.REVERSE_LOOKUP, ""),

@@ -64,3 +64,13 @@ def test_relayed_takes_the_clients_id_or_truncates():
     assert cut.truncation and cut.id == 0xBEEF
     with pytest.raises(ValueError):
         dns_wire.relayed(b"\x00", query(), 512)
+
+
+def test_question_labels_as_sent():
+    assert dns_wire.question_labels(query()) == [b"ExAmPlE", b"test"]
+    assert dns_wire.question_labels(query(name=b"\x03a.b\x04test\x00")) == [b"a.b", b"test"]
+    # A pointer is followed; a loop or a cut-short name is unreadable.
+    pointed = struct.pack("!HHHHHH", 1, 0x0100, 1, 0, 0, 0) + b"\x01x\xc0\x14" + b"\0\1\0\1" + b"\x04test\x00"
+    assert dns_wire.question_labels(pointed) == [b"x", b"test"]
+    assert dns_wire.question_labels(query(name=b"\xc0\x0c")) is None
+    assert dns_wire.question_labels(b"\x00" * 12 + b"\x05ab") is None
