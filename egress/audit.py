@@ -55,5 +55,28 @@ class DecisionLog:
                 text += f" injected={','.join(injected)}"
         else:
             text = json.dumps(line, separators=(",", ":"))
+        self._write(text)
+
+    def record_dns(self, verdict, *, client: str, name: str, qtype: str) -> None:
+        """Count a DNS query (`egress.dns_policy.Verdict`); one line for each one blocked or reported."""
+        decision = verdict.metric_decision
+        metrics.DNS_QUERIES.labels(decision, verdict.reason, verdict.rule, qtype, "").inc()
+        if decision not in ("blocked", "reported"):
+            return
+        name = name[:253]
+        if self.fmt == "text":
+            text = f"{decision:8} DNS {qtype} {name!r} rule={verdict.rule or '-'} reason={verdict.reason or '-'} client={client}"
+        else:
+            line = {"time": _now(), "event": "dns", "client": client, "environment": "", "name": name, "qtype": qtype,
+                    "decision": decision, "reason": verdict.reason, "rule": verdict.rule}  # fmt: skip
+            text = json.dumps(line, separators=(",", ":"))
+        self._write(text)
+
+    def _write(self, text: str) -> None:
         self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def _now() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"

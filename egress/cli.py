@@ -123,6 +123,10 @@ def _build_parser() -> argparse.ArgumentParser:
         limits.add_argument(flag, type=_count, default=default, metavar="N", help=f"{help_text} (default {default})")
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
     run.add_argument(
+        "--dns-listen", metavar="HOST:PORT",
+        help="answer DNS (UDP and TCP) here from the same spec: names not allowlisted get NXDOMAIN (default off)",
+    )  # fmt: skip
+    run.add_argument(
         "--workers", type=_workers, default=1, metavar="N",
         help="proxy processes sharing the listen port (SO_REUSEPORT), one CA and one /metrics (default 1)",
     )  # fmt: skip
@@ -141,6 +145,10 @@ def _build_parser() -> argparse.ArgumentParser:
     rules.add_argument(
         "--dns", action="append", default=[], metavar="IP", help="resolver that may be reached on port 53 (repeatable)"
     )
+    rules.add_argument(
+        "--dns-port", type=int, metavar="PORT",
+        help="redirect all DNS (UDP/TCP port 53, any address) to the proxy's --dns-listen port on loopback",
+    )  # fmt: skip
     rules.add_argument("--apply", action="store_true", help="install the rules with `nft -f -`")
     return parser
 
@@ -163,7 +171,11 @@ def cmd_redirect_rules(args: argparse.Namespace) -> int:
 
     try:
         script = render_rules(
-            proxy_port=args.proxy_port, proxy_uid=args.proxy_uid, proxy_mark=args.proxy_mark, dns=args.dns
+            proxy_port=args.proxy_port,
+            proxy_uid=args.proxy_uid,
+            proxy_mark=args.proxy_mark,
+            dns=args.dns,
+            dns_port=args.dns_port,
         )
     except RulesError as exc:
         raise UsageError(f"redirect-rules: {exc}") from None
@@ -260,6 +272,12 @@ async def _run(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return 1
     listen_host, listen_port = parse_hostport(args.listen, "--listen")
+    dns_listen = parse_hostport(args.dns_listen, "--dns-listen") if args.dns_listen else None
+    if worker is not None and worker.index != 0:
+        # With --workers only the first worker serves DNS: mitmproxy's UDP server cannot
+        # share a port (no SO_REUSEPORT), and one process answers far more queries than
+        # a sandbox asks (docs/benchmarks-dns.md).
+        dns_listen = None
     metrics_host, metrics_port = parse_hostport(args.metrics_listen, "--metrics-listen")
     extra = {_limit_option(flag): str(getattr(args, flag[2:].replace("-", "_"))) for flag, *_ in _LIMIT_FLAGS}
     if extra["tcp_timeout"] == "0":  # mitmproxy would close every connection at once
@@ -298,6 +316,7 @@ async def _run(args: argparse.Namespace) -> int:
             extra_options=extra,
             log=DecisionLog(args.log_format),
             readiness=readiness,
+            dns_listen=dns_listen,
         )
     except Exception as exc:  # mitmproxy reports bad option values as exceptions
         raise UsageError(f"--set: {exc}") from None
@@ -311,7 +330,9 @@ async def _run(args: argparse.Namespace) -> int:
     else:
         loaded = f"{len(holder.spec.entries)} allowlist entries (mode {holder.spec.mode})"
     print(
-        f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, {loaded}\n"
+        f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, "
+        + (f"DNS on {args.dns_listen}, " if dns_listen else "")
+        + f"{loaded}\n"
         f"egress-proxy: CA certificate: {confdir / 'mitmproxy-ca-cert.pem'}",
         file=sys.stderr,
         flush=True,

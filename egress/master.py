@@ -12,7 +12,9 @@ from pathlib import Path
 from mitmproxy import master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
-from egress.addons.environment_gate import EnvironmentGate
+from egress.addons import dns_layer
+from egress.addons.dns_filter import DnsFilter
+from egress.addons.environment_gate import ALLOWS_NOTHING, EnvironmentGate
 from egress.addons.failsafe import fail_closed
 from egress.addons.guard import DestinationGuard
 from egress.addons.inject import CredentialInjector
@@ -39,6 +41,7 @@ def build_master(
     extra_options: dict[str, str],
     log: DecisionLog,
     readiness: Readiness,
+    dns_listen: tuple[str, int] | None = None,
 ) -> master.Master:
     opts = options.Options()
     m = master.Master(opts, with_termlog=True)
@@ -49,7 +52,8 @@ def build_master(
     else:
         one = holder
         gate = EnvironmentGate(None, lambda: one.spec, log)
-    checker = DestinationChecker(gate.spec_for, LocalAddresses([listen_host]))
+    local = LocalAddresses([listen_host, *([dns_listen[0]] if dns_listen else [])])
+    checker = DestinationChecker(gate.spec_for, local)
     m.addons.add(
         core.Core(),
         proxyserver.Proxyserver(),
@@ -65,10 +69,17 @@ def build_master(
         SpecReloader(holder),
         readiness,
     )
+    if dns_listen:
+        dns_layer.install()
+        # A DNS query carries no proof of environment: with --spec-dir no environment's
+        # allowlist applies and every name is NXDOMAIN. Sandboxes of a multi-environment
+        # gateway use it as their HTTP(S) proxy, which resolves names itself.
+        dns_spec = (lambda: ALLOWS_NOTHING) if isinstance(holder, EnvironmentRegistry) else (lambda: holder.spec)
+        m.addons.add(fail_closed(DnsFilter(dns_spec, local.__contains__, log)))
     settings: dict[str, object] = dict(
         listen_host=listen_host,
         listen_port=listen_port,
-        mode=listen_modes(mode, listen_host, listen_port),
+        mode=listen_modes(mode, listen_host, listen_port) + (dns_modes(*dns_listen) if dns_listen else []),
         confdir=confdir,
         # Dial upstream only when a request (or passthrough tunnel) needs it, after
         # every check has run, instead of at CONNECT time.
@@ -98,6 +109,19 @@ def listen_modes(mode: str, listen_host: str, listen_port: int) -> list[str]:
     if mode != "transparent" or other is None or (other == "::1" and not _has_ipv6_loopback()):
         return [mode]
     return [mode, f"transparent@{other}:{listen_port}"]
+
+
+def dns_modes(host: str, port: int) -> list[str]:
+    """The `dns@` listeners (UDP and TCP each); on loopback both loopbacks, as `listen_modes`.
+
+    The sandbox's redirected DNS arrives on 127.0.0.1 (IPv4) or ::1 (IPv6 packets to
+    port 53), like its TCP.
+    """
+    hosts = [host]
+    other = {"127.0.0.1": "::1", "::1": "127.0.0.1"}.get(host)
+    if other is not None and (other != "::1" or _has_ipv6_loopback()):
+        hosts.append(other)
+    return [f"dns@{h}:{port}" for h in hosts]
 
 
 def _has_ipv6_loopback() -> bool:

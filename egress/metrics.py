@@ -27,6 +27,13 @@ REQUESTS = Counter(
     # (never a name a client merely claimed), so it is bounded by the spec files.
     ["decision", "reason", "rule", "environment"],
 )
+DNS_QUERIES = Counter(
+    "egress_dns_queries",
+    "Queries to the DNS listener (--dns-listen) by decision, reason, allowlist rule and query type.",
+    # environment: always "" — a DNS query carries no proof of environment, so with
+    # --spec-dir the listener answers from no environment's allowlist (see master.py).
+    ["decision", "reason", "rule", "qtype", "environment"],
+)
 CREDENTIAL_INJECTIONS = Counter(
     "egress_credential_injections",
     "Requests that had an allowlist entry's transform applied.",

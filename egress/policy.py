@@ -112,9 +112,7 @@ def pick_address(
     addresses = list(addresses)
     reasons: list[str] = []
     for ip in addresses:
-        reason = forbidden_reason(ip, spec.allow_cidrs)
-        if reason != LOOPBACK and any(is_self(a) for a in (ip, *embedded_ipv4(ip))):
-            reason = PROXY_SELF
+        reason = address_reason(spec, ip, is_self)
         if reason is None:
             return ip, decision
         reasons.append(reason)
@@ -128,6 +126,14 @@ def pick_address(
         # A name already reported (not allowlisted) keeps that first reason.
         return first, decision if decision.reported else blocked
     return None, blocked
+
+
+def address_reason(spec: Spec, ip: IPAddress, is_self: Callable[[IPAddress], bool]) -> str | None:
+    """Why `ip` may not be reached (None: it may): the guard's classification, also used for DNS answers."""
+    reason = forbidden_reason(ip, spec.allow_cidrs)
+    if reason != LOOPBACK and any(is_self(a) for a in (ip, *embedded_ipv4(ip))):
+        return PROXY_SELF
+    return reason
 
 
 def with_reason(spec: Spec, decision: Decision, reason: str) -> Decision:

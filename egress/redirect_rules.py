@@ -7,6 +7,11 @@ with `--apply`, pipes it to `nft -f -`. One `inet` table covers IPv4 and IPv6:
   loopback (nftables maps locally generated IPv4 to 127.0.0.1, IPv6 to ::1), except
   the proxy's own connections (by uid and/or mark), connections to the proxy port
   on loopback itself, and TCP DNS to the configured resolvers.
+- with `--dns-port`: every UDP and TCP packet to port 53, whatever its address
+  (another resolver, a loopback stub such as 127.0.0.53, IPv6), is redirected to the
+  proxy's DNS listener on loopback first; the proxy's own queries are exempt like
+  its connections and reach the real resolver. `--dns IP` (the weaker option: the
+  resolver still forwards whatever the sandbox asks) cannot be combined with it.
 - filter output: replies of connections opened from outside pass; the proxy's own
   traffic and loopback pass; DNS (UDP and TCP) only to the configured resolvers;
   every other UDP datagram (QUIC, DNS elsewhere, ...) and any TCP that was not
@@ -30,14 +35,18 @@ class RulesError(ValueError):
     """An argument that cannot be turned into a rule (one line, names the flag)."""
 
 
+def _check_port(flag: str, port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise RulesError(f"{flag}: {port} is out of range (1-65535)")
+
+
 def _check(proxy_port: int, proxy_uid: int | None, proxy_mark: int | None) -> None:
     if proxy_uid is None and proxy_mark is None:
         raise RulesError(
             "--proxy-uid or --proxy-mark is required: without an exemption the proxy's own "
             "connections would be redirected back to itself"
         )
-    if not 1 <= proxy_port <= 65535:
-        raise RulesError(f"--proxy-port: {proxy_port} is out of range (1-65535)")
+    _check_port("--proxy-port", proxy_port)
     if proxy_uid is not None and not 0 <= proxy_uid <= _MAX_MARK - 1:
         raise RulesError(f"--proxy-uid: {proxy_uid} is not a valid uid")
     if proxy_mark is not None and not 1 <= proxy_mark <= _MAX_MARK:
@@ -74,10 +83,17 @@ def render_rules(
     proxy_uid: int | None = None,
     proxy_mark: int | None = None,
     dns: Iterable[str] = (),
+    dns_port: int | None = None,
 ) -> str:
     """The nftables script for one sandbox namespace (see the module docstring)."""
     _check(proxy_port, proxy_uid, proxy_mark)
     dns_v4, dns_v6 = parse_resolvers(dns)
+    if dns_port is not None:
+        _check_port("--dns-port", dns_port)
+        if dns_v4 or dns_v6:
+            raise RulesError("--dns and --dns-port exclude each other: with --dns-port no resolver is reached directly")
+        if dns_port == proxy_port:
+            raise RulesError(f"--dns-port: {dns_port} is the proxy port")
 
     exempt: list[str] = []
     if proxy_uid is not None:
@@ -97,6 +113,11 @@ def render_rules(
         f"ip daddr 127.0.0.0/8 tcp dport {proxy_port} return",
         f"ip6 daddr ::1 tcp dport {proxy_port} return",
     ]
+    if dns_port is not None:
+        nat += [
+            "# DNS, UDP and TCP, to any address (loopback stubs, IPv6 included): the proxy's DNS listener",
+            f"meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns_port}",
+        ]
     if dns_rules:
         nat.append("# DNS over TCP (truncated answers) to the configured resolvers")
         nat += [
@@ -111,8 +132,8 @@ def render_rules(
         "# replies of connections opened from outside the namespace",
         "ct direction reply accept",
         *(f"{match} accept" for match in exempt),
-        "# TCP the nat chain redirected to the proxy (the output interface is still the",
-        "# original route's here), and loopback",
+        "# TCP (and, with --dns-port, DNS) the nat chain redirected to the proxy (the output",
+        "# interface is still the original route's here), and loopback",
         "ct status dnat accept",
         'oif "lo" accept',
     ]

@@ -14,7 +14,28 @@ from egress.domains import parse_ip_literal
 
 
 class ResolveError(Exception):
-    pass
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message)
+        self.code = code  # socket.EAI_* when getaddrinfo said why
+
+
+async def resolve_family(host: str, version: int) -> list[IPAddress]:
+    """The IPv4 (4) or IPv6 (6) addresses of a name, for a DNS A/AAAA answer.
+
+    The same resolver as connections use (getaddrinfo: hosts file, then the
+    proxy's resolv.conf), asked for one family so that an A query costs one lookup.
+    """
+    loop = asyncio.get_running_loop()
+    family = socket.AF_INET if version == 4 else socket.AF_INET6
+    try:
+        infos = await loop.getaddrinfo(host, None, family=family, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ResolveError(str(exc), getattr(exc, "errno", 0) or 0) from None
+    seen: dict[IPAddress, None] = {}
+    for found_family, *_, sockaddr in infos:
+        if found_family == family:
+            seen.setdefault(ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]), None)
+    return list(seen)
 
 
 async def resolve(host: str, port: int) -> list[IPAddress]:

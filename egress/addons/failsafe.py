@@ -8,6 +8,7 @@ unchecked. `fail_closed(addon)` wraps every event hook of one of our addons
 - request-phase hooks (`http_connect`, `requestheaders`, `request`) answer
   403 with reason `internal_error` (our extension of SPEC §3's reason codes);
   response-phase hooks replace the response with 502 `internal_error`,
+- `dns_request` answers SERVFAIL instead of whatever it had decided,
 - `tls_clienthello` refuses the tunnel (its upstream connection is killed, the
   client sees a close), `server_connect` refuses the upstream connection (502),
   `client_connected` refuses the client connection,
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import mitmproxy.proxy.layers  # noqa: F401  (registers the HTTP/TLS/TCP hooks in `hooks.all_hooks`)
-from mitmproxy import connection, hooks, http, tls
+from mitmproxy import connection, dns, hooks, http, tls
 from mitmproxy.proxy import server_hooks
 from prometheus_client import Counter
 
@@ -79,6 +80,9 @@ def _subject(data: Any) -> tuple[str, str]:
         return str(host), _peer(data.client)
     if isinstance(data, connection.Client):
         return "", _peer(data)
+    if isinstance(data, dns.DNSFlow):
+        question = data.request.question if data.request else None
+        return (question.name if question else ""), _peer(data.client_conn)
     return "", ""
 
 
@@ -107,6 +111,10 @@ def _refuse(hook: str, data: Any) -> str:
     elif isinstance(data, server_hooks.ServerConnectionHookData) and hook == "server_connect":
         data.server.error = f"egress: {policy.INTERNAL_ERROR}"
         return "upstream connection refused"
+    elif isinstance(data, dns.DNSFlow) and hook == "dns_request":
+        data.response = None  # the DNS layer answers SERVFAIL (egress/addons/dns_layer.py)
+        data.metadata.clear()
+        return "query answered SERVFAIL"
     elif isinstance(data, connection.Client) and hook == "client_connected":
         data.error = f"egress: {policy.INTERNAL_ERROR}"
         return "client connection refused"

@@ -3,7 +3,8 @@
 Hook by hook:
 - `client_connected`    refuse a connection over `egress_max_connections` (all
                         clients) or `egress_max_connections_per_client` (one
-                        client address); arm the request-head deadline.
+                        client address); arm the request-head deadline. Sessions
+                        of the DNS listener are not counted.
 - `http_connect`, `requestheaders`, `tls_clienthello`, `response`, `error`
                         keep that deadline: a connection with no request in
                         flight must deliver a complete request head within
@@ -30,7 +31,7 @@ import logging
 from dataclasses import dataclass
 
 from mitmproxy import connection, ctx, http, tls
-from mitmproxy.proxy import commands, events, server_hooks
+from mitmproxy.proxy import commands, events, mode_specs, server_hooks
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
@@ -101,6 +102,12 @@ class ConnectionLimits:
 
     # -- connection caps and the request-head deadline -----------------------------
     def client_connected(self, client: connection.Client) -> None:
+        if isinstance(client.proxy_mode, mode_specs.DnsMode):
+            # The DNS listener (--dns-listen): mitmproxy keeps a session per client
+            # *socket* for 20 s, and stub resolvers open a socket per lookup, so
+            # counting them would refuse the 257th lookup in 20 s, and the client's
+            # HTTP with it. No request head ever comes on them either.
+            return
         address = str(client.peername[0]) if client.peername else ""
         total, per_client = ctx.options.egress_max_connections, ctx.options.egress_max_connections_per_client
         if total and len(self.slots) >= total:

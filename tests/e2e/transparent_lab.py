@@ -65,17 +65,28 @@ class UdpEcho:
         while True:
             try:
                 data, peer = sock.recvfrom(65536)
+                if peer is None:  # woken by shutdown
+                    return
                 sock.sendto(b"echo:" + data, peer)
             except OSError:
                 return
 
     def close(self) -> None:
         for sock in self.socks:
+            # shutdown wakes the thread blocked in recvfrom; closed under it, the socket
+            # would stay bound until that call returned, and the next sandbox (another
+            # test module, same upstream namespace) could not bind the port.
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             sock.close()
 
 
 class Sandbox:
     """Duck-types the parts of `Lab` that `ProxyProcess` uses, for the sandbox namespace."""
+
+    udp_ports = UDP_PORTS  # the UDP echo's ports in the upstream namespace
 
     def __init__(self, lab: Lab):
         self.lab = lab
@@ -126,7 +137,7 @@ class Sandbox:
         (etc / "resolv.conf").write_text(
             "options timeout:1 attempts:1\nnameserver 127.0.0.53\n"
         )
-        self.udp = UdpEcho(lab.upstream_ns)
+        self.udp = UdpEcho(lab.upstream_ns, self.udp_ports)
 
     def _create_namespace(self) -> None:
         """A new namespace; tests/image/ names an existing one (a podman pod's) instead."""

@@ -366,13 +366,14 @@ def test_gateway_objects(render):
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-def test_network_policy_lets_sandboxes_reach_only_the_proxy_and_dns(render):
+def test_network_policy_lets_sandboxes_reach_only_the_proxy_and_its_dns(render):
     docs = render(CI_VALUES["gateway"])
     policies = {p["metadata"]["name"]: p for p in by_kind(docs, "NetworkPolicy")}
     sandbox = policies["rel-egress-proxy-sandbox-egress"]["spec"]
     assert sandbox["policyTypes"] == ["Egress"]
     assert sandbox["podSelector"] == {"matchLabels": {"egress-proxy/sandbox": "true"}}
-    to_proxy, to_dns = sandbox["egress"]
+    # One peer only, the proxy pods: DNS goes to the gateway's listener, not to kube-dns.
+    (to_proxy,) = sandbox["egress"]
     selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
     assert to_proxy["to"] == [
         {
@@ -382,14 +383,69 @@ def test_network_policy_lets_sandboxes_reach_only_the_proxy_and_dns(render):
             "podSelector": {"matchLabels": selector},
         }
     ]
-    assert to_proxy["ports"] == [{"port": 8080, "protocol": "TCP"}]
-    assert {p["port"] for p in to_dns["ports"]} == {53}
-    assert "ipBlock" not in json.dumps(sandbox), "no way out but the proxy"
+    assert to_proxy["ports"] == [
+        {"port": 8080, "protocol": "TCP"},
+        {"port": 5353, "protocol": "UDP"},
+        {"port": 5353, "protocol": "TCP"},
+    ]
+    assert "kube-dns" not in json.dumps(sandbox) and "ipBlock" not in json.dumps(sandbox), "no way out but the proxy"
     proxy = policies["rel-egress-proxy"]["spec"]
     assert proxy["policyTypes"] == ["Ingress"]
-    assert proxy["ingress"][0]["ports"] == [{"port": "proxy", "protocol": "TCP"}]
+    assert proxy["ingress"][0]["ports"] == [
+        {"port": "proxy", "protocol": "TCP"},
+        {"port": "dns-udp", "protocol": "UDP"},
+        {"port": "dns-tcp", "protocol": "TCP"},
+    ]
     # The sidecar pattern has no NetworkPolicy: pods, not containers, are what it selects.
     assert not by_kind(render(CI_VALUES["sidecar"]), "NetworkPolicy")
+
+
+def test_gateway_serves_dns_on_its_service(render):
+    docs = render(CI_VALUES["gateway"])
+    service = one(docs, "Service")
+    dns_ports = [p for p in service["spec"]["ports"] if p["port"] == 53]
+    assert dns_ports == [
+        {"name": "dns-udp", "port": 53, "targetPort": "dns-udp", "protocol": "UDP"},
+        {"name": "dns-tcp", "port": 53, "targetPort": "dns-tcp", "protocol": "TCP"},
+    ]
+    proxy = container(pod_spec(one(docs, "Deployment")), "egress-proxy")
+    assert proxy["args"][proxy["args"].index("--dns-listen") + 1] == "0.0.0.0:5353"
+    ports = {p["name"]: (p["containerPort"], p["protocol"]) for p in proxy["ports"]}
+    assert ports["dns-udp"] == (5353, "UDP") and ports["dns-tcp"] == (5353, "TCP")
+
+
+def test_dns_disabled_falls_back_to_cluster_dns(render, tmp_path):
+    values = write_values(tmp_path, "nodns", {"dns": {"enabled": False}, "sidecar": {"dnsServers": ["10.96.0.10"]}})
+    docs = render(CI_VALUES["gateway"], values)
+    sandbox = one(docs, "NetworkPolicy", "-sandbox-egress")["spec"]
+    to_proxy, to_dns = sandbox["egress"]
+    assert to_proxy["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert {p["port"] for p in to_dns["ports"]} == {53} and "kube-dns" in json.dumps(to_dns)
+    assert all(p["port"] != 53 for p in one(docs, "Service")["spec"]["ports"])
+    assert "--dns-listen" not in container(pod_spec(one(docs, "Deployment")), "egress-proxy")["args"]
+    sidecar = render(CI_VALUES["sidecar"], values)
+    init = container(pod_spec(one(sidecar, "Deployment", "-sandbox-example")), "redirect-rules")
+    assert "--dns-port" not in init["args"] and init["args"][init["args"].index("--dns") + 1] == "10.96.0.10"
+
+
+def test_notes_give_the_sandbox_the_gateway_as_only_nameserver(helm, tmp_path):
+    values = write_values(tmp_path, "ip", {"service": {"clusterIP": "10.96.200.53"}})
+    out = subprocess.run(
+        [helm, "install", "rel", str(CHART), "-n", "sandboxes", "--dry-run=client", "-f", str(CI_VALUES["gateway"]), "-f", str(values)],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    notes = out.stdout.split("NOTES:", 1)[1]
+    assert 'dnsPolicy: "None"' in notes and 'nameservers: ["10.96.200.53"]' in notes
+    docs = [d for d in yaml.safe_load_all(out.stdout.split("NOTES:", 1)[0].split("---", 1)[1]) if d]
+    assert one(docs, "Service")["spec"]["clusterIP"] == "10.96.200.53"
+    # Without a fixed IP the notes say how to read it.
+    out = subprocess.run(
+        [helm, "install", "rel", str(CHART), "-n", "sandboxes", "--dry-run=client", "-f", str(CI_VALUES["gateway"])],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "GATEWAY_SERVICE_IP" in out.stdout and "get service rel-egress-proxy -o jsonpath" in out.stdout
 
 
 def test_spec_configmap_mounted_for_reload(render):
@@ -506,8 +562,10 @@ def _redirect_rules_available() -> str:
 
 
 SIDECAR_CASES = {
-    "defaults": {"sidecar": {"dnsServers": ["10.96.0.10"]}},
+    "defaults": {"sidecar": {}},
+    "cluster_dns": {"dns": {"enabled": False}, "sidecar": {"dnsServers": ["10.96.0.10"]}},
     "custom": {
+        "dns": {"port": 15053},
         "proxy": {"port": 15001},
         "sidecar": {
             "proxyUid": 1337,
@@ -542,8 +600,13 @@ def test_sidecar_init_command_equals_redirect_rules_output(render, tmp_path, cas
     ]
     if "proxyMark" in values["sidecar"]:
         expected_args += ["--proxy-mark", values["sidecar"]["proxyMark"]]
-    for ip in values["sidecar"]["dnsServers"]:
-        expected_args += ["--dns", ip]
+    if values.get("dns", {}).get("enabled", True):
+        # All DNS to the proxy's listener, which the proxy serves on loopback.
+        dns_port = values.get("dns", {}).get("port", 5353)
+        expected_args += ["--dns-port", str(dns_port)]
+    else:
+        for ip in values["sidecar"]["dnsServers"]:
+            expected_args += ["--dns", ip]
     printed = subprocess.run(
         [exe, *expected_args], check=False, capture_output=True, text=True, timeout=30
     )
@@ -565,6 +628,11 @@ def test_sidecar_init_command_equals_redirect_rules_output(render, tmp_path, cas
     assert proxy["args"][proxy["args"].index("--mode") + 1] == "transparent"
     # Loopback only (the redirect targets it; the proxy adds ::1 itself): not reachable from other pods.
     assert proxy["args"][proxy["args"].index("--listen") + 1] == f"127.0.0.1:{port}"
+    if "--dns-port" in expected_args:
+        assert proxy["args"][proxy["args"].index("--dns-listen") + 1] == f"127.0.0.1:{dns_port}"
+        assert f"th dport 53 redirect to :{dns_port}" in printed.stdout
+    else:
+        assert "--dns-listen" not in proxy["args"]
     assert [p["name"] for p in proxy["ports"]] == ["metrics"]
     sandbox = container(spec, "sandbox")
     assert sandbox["securityContext"]["runAsUser"] != uid
@@ -631,7 +699,8 @@ def test_sidecar_templates_can_be_included_from_a_parent_chart(helm, tmp_path):
         if "secret" in v and v["name"] == "ca":
             assert v["secret"]["secretName"] in secrets
     init = container(pod["spec"], "redirect-rules")
-    assert init["args"][init["args"].index("--dns") + 1] == "10.0.0.10"
+    # DNS goes to the proxy's listener by default; the parent's dnsServers are not used.
+    assert init["args"][init["args"].index("--dns-port") + 1] == "5353" and "--dns" not in init["args"]
 
 
 # --- the rendered proxy command, run for real ----------------------------------------------
@@ -827,6 +896,12 @@ def test_readme_install_command_and_sandbox_pod(helm, tmp_path):
         <= pod["metadata"]["labels"].items()
     )
     assert pod["metadata"]["namespace"] == namespace == policy["metadata"]["namespace"]
+    # DNS: the gateway's Service is the pod's only nameserver, and the proxy's own name
+    # (which the gateway's DNS does not answer) is mapped to it.
+    cluster_ip = service["spec"]["clusterIP"]
+    assert pod["spec"]["dnsPolicy"] == "None" and pod["spec"]["dnsConfig"]["nameservers"] == [cluster_ip]
+    assert pod["spec"]["hostAliases"] == [{"ip": cluster_ip, "hostnames": [f"{service['metadata']['name']}.{namespace}.svc"]}]
+    assert {p["port"] for p in service["spec"]["ports"] if p["protocol"] == "UDP"} == {53}
 
 
 # --- many environments in one gateway (--spec-dir) -------------------------------------------

@@ -127,3 +127,68 @@ def test_script_is_valid_nft_syntax(tmp_path):
     if "Operation not permitted" in checked.stderr:
         pytest.skip("nft --check needs CAP_NET_ADMIN")
     assert checked.returncode == 0, checked.stderr
+
+
+# --- --dns-port: all DNS to the proxy's listener (issue 11) ---------------------------
+
+
+def test_dns_port_redirects_every_dns_packet_before_the_tcp_redirect():
+    rules = chains(render_rules(proxy_port=15001, proxy_uid=1337, proxy_mark=0x539, dns_port=15053))
+    assert rules["nat_output"] == [
+        "meta skuid 1337 return",
+        "meta mark 0x00000539 return",
+        "ip daddr 127.0.0.0/8 tcp dport 15001 return",
+        "ip6 daddr ::1 tcp dport 15001 return",
+        # no address match: 127.0.0.53 stubs, other resolvers, IPv6 all covered
+        "meta l4proto { tcp, udp } th dport 53 redirect to :15053",
+        "meta l4proto tcp redirect to :15001",
+    ]
+    filter_ = rules["filter_output"]
+    # no resolver is reachable on port 53 directly; redirected DNS passes as dnat
+    assert not any("dport 53" in r for r in filter_)
+    assert filter_.index("ct status dnat accept") < filter_.index("meta l4proto { tcp, udp } counter drop")
+    assert filter_.index("meta skuid 1337 accept") < filter_.index("meta l4proto { tcp, udp } counter drop")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"proxy_uid": 0, "dns_port": 0}, "--dns-port: 0 is out of range"),
+        ({"proxy_uid": 0, "dns_port": 70000}, "--dns-port: 70000 is out of range"),
+        ({"proxy_uid": 0, "dns_port": 8080}, "--dns-port: 8080 is the proxy port"),
+        ({"proxy_uid": 0, "dns_port": 5353, "dns": ["10.0.0.1"]}, "--dns and --dns-port exclude each other"),
+        ({"dns_port": 5353}, "--proxy-uid or --proxy-mark is required"),
+    ],
+)
+def test_dns_port_bad_arguments(kwargs, message):
+    with pytest.raises(RulesError, match=message):
+        render_rules(**kwargs)
+
+
+def test_cli_dns_port(capsys):
+    assert cli.main(["redirect-rules", "--proxy-uid", "1337", "--dns-port", "15053"]) == 0
+    assert capsys.readouterr().out == render_rules(proxy_uid=1337, dns_port=15053)
+
+
+def test_cli_dns_port_with_dns_is_one_line(capsys):
+    assert cli.main(["redirect-rules", "--proxy-uid", "1", "--dns-port", "5353", "--dns", "10.0.0.1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "--dns and --dns-port exclude each other" in captured.err
+
+
+def test_cli_dns_port_not_a_number(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["redirect-rules", "--proxy-uid", "1", "--dns-port", "fifty"])
+    assert exited.value.code == 2
+    assert "--dns-port" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="nft not installed")
+def test_dns_port_script_is_valid_nft_syntax(tmp_path):
+    script = tmp_path / "rules.nft"
+    script.write_text(render_rules(proxy_uid=0, proxy_mark=7, dns_port=15053))
+    checked = subprocess.run(["nft", "--check", "-f", str(script)], check=False, capture_output=True, text=True, timeout=30)
+    if "Operation not permitted" in checked.stderr:
+        pytest.skip("nft --check needs CAP_NET_ADMIN")
+    assert checked.returncode == 0, checked.stderr

@@ -163,6 +163,11 @@ Call with (dict "root" $ "mode" "regular"|"transparent").
 {{- else }}
 - {{ printf "0.0.0.0:%d" (int $v.proxy.port) | quote }}
 {{- end }}
+{{- if $v.dns.enabled }}
+{{- /* DNS from the same spec (issue 11): sidecar on loopback (the redirect sends all port-53 traffic there), gateway on the pod IP behind the Service's port 53. */}}
+- --dns-listen
+- {{ printf "%s:%d" (ternary "127.0.0.1" "0.0.0.0" (eq .mode "transparent")) (int $v.dns.port) | quote }}
+{{- end }}
 - --metrics-listen
 - {{ printf "0.0.0.0:%d" (int $v.proxy.metricsPort) | quote }}
 - --confdir
@@ -319,6 +324,14 @@ The proxy container. Call with (dict "root" $ "mode" ... "securityContext" ...
     - name: proxy
       containerPort: {{ $v.proxy.port }}
       protocol: TCP
+    {{- if $v.dns.enabled }}
+    - name: dns-udp
+      containerPort: {{ $v.dns.port }}
+      protocol: UDP
+    - name: dns-tcp
+      containerPort: {{ $v.dns.port }}
+      protocol: TCP
+    {{- end }}
     {{- end }}
     - name: metrics
       containerPort: {{ $v.proxy.metricsPort }}

@@ -16,8 +16,9 @@ Init containers, in order:
   1. prepare-ca: copies the CA from its Secret into the proxy's confdir.
   2. redirect-rules: `egress-proxy redirect-rules --apply` loads nftables rules
      into the pod's network namespace that send every TCP connection of the pod
-     to the proxy port, except the proxy's own (by UID), and drop other traffic
-     except DNS to `sidecar.dnsServers`. nft needs CAP_NET_ADMIN *effective*,
+     to the proxy port, except the proxy's own (by UID), send all DNS (UDP and
+     TCP port 53, any address) to the proxy's DNS listener (`dns.enabled`; or,
+     with it off, allow DNS to `sidecar.dnsServers` only), and drop other traffic. nft needs CAP_NET_ADMIN *effective*,
      which Kubernetes grants only to root (it sets no ambient capabilities), so
      this one container runs as UID 0 with every capability dropped but
      NET_ADMIN, no privilege escalation and a read-only root filesystem. It
@@ -52,9 +53,14 @@ Init containers, in order:
 - --proxy-mark
 - {{ . | quote }}
 {{- end }}
+{{- if .Values.dns.enabled }}
+- --dns-port
+- {{ .Values.dns.port | quote }}
+{{- else }}
 {{- range include "egress-proxy.sidecar.dnsServers" . | fromYamlArray }}
 - --dns
 - {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,157 @@
+"""DNS listener benchmark (issue 11): dnsperf through `egress-proxy --dns-listen` vs the resolver direct.
+
+    namespace ebd-N (loopback only)
+    ├─ dnsmasq on 127.0.0.1:53 (the proxy's resolv.conf; answers from its command line)
+    ├─ egress-proxy --dns-listen 127.0.0.1:5353, pinned to one core (taskset)
+    └─ dnsperf, pinned to the other core when there is one
+
+Three runs per round, each `--seconds` long (bounded: dnsperf -l):
+- blocked: names not on the allowlist (NXDOMAIN answered by the proxy itself);
+- allowed: an allowlisted name, resolved through the proxy's resolver (getaddrinfo
+  to dnsmasq), forbidden addresses filtered;
+- direct: the same allowlisted name asked of dnsmasq itself.
+Writes a Markdown table (default docs/benchmarks-dns.md) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+EGRESS_PROXY = str(VENV_BIN / "egress-proxy")
+SPEC = "network:\n  allowCidrs: [198.18.0.0/15]\n  allowlist:\n    - domain: allowed.bench.test\n"
+PROXY_PORT, DNS_PORT, METRICS_PORT = 18080, 5353, 19090
+
+
+def run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
+
+
+def cores() -> tuple[str, str]:
+    """(proxy core, dnsperf core): different ones when the machine has two or more."""
+    available = sorted(os.sched_getaffinity(0))
+    return str(available[0]), str(available[1 if len(available) > 1 else 0])
+
+
+def dnsperf(ns: str, port: int, queries: Path, seconds: int, core: str) -> dict:
+    out = run(
+        ["ip", "netns", "exec", ns, "taskset", "-c", core, "dnsperf", "-s", "127.0.0.1", "-p", str(port),
+         "-d", str(queries), "-l", str(seconds), "-c", "4", "-q", "200", "-t", "2"],
+        check=False, timeout=seconds + 30,
+    )  # fmt: skip
+    qps = re.search(r"Queries per second:\s+([\d.]+)", out.stdout)
+    lost = re.search(r"Queries lost:\s+(\d+)", out.stdout)
+    latency = re.search(r"Average Latency \(s\):\s+([\d.]+)", out.stdout)
+    codes = re.search(r"Response codes:\s+(.*)", out.stdout)
+    if not qps:
+        raise RuntimeError(f"dnsperf failed: {out.stdout[-500:]} {out.stderr[-500:]}")
+    return {
+        "qps": float(qps.group(1)),
+        "lost": float(lost.group(1)) if lost else 0.0,
+        "latency_ms": float(latency.group(1)) * 1000 if latency else 0.0,
+        "codes": codes.group(1).strip() if codes else "",
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=5, help="length of each dnsperf run (default 5)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the three runs (default 2)")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks-dns.md"))
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("dns_bench: needs root (network namespace)", file=sys.stderr)
+        return 2
+    missing = [t for t in ("dnsperf", "dnsmasq", "taskset", "ip") if shutil.which(t) is None]
+    if missing:
+        print(f"dns_bench: missing tools: {', '.join(missing)}", file=sys.stderr)
+        return 2
+
+    ns = f"ebd-{os.getpid() % 100000}"
+    work = Path(tempfile.mkdtemp(prefix="egress-dns-bench-"))
+    etc = Path("/etc/netns") / ns
+    procs: list[subprocess.Popen] = []
+    proxy_core, load_core = cores()
+    try:
+        run(["ip", "netns", "add", ns])
+        run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"])
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+        (etc / "hosts").write_text("127.0.0.1 localhost\n")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--no-resolv",
+             "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1", "--pid-file=", "--user=root",
+             "--address=/allowed.bench.test/198.18.0.10", "--address=/attacker.test/198.18.0.13"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))  # fmt: skip
+        spec = work / "spec.yaml"
+        spec.write_text(SPEC)
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, "taskset", "-c", proxy_core, EGRESS_PROXY, "run", "--spec", str(spec),
+             "--listen", f"127.0.0.1:{PROXY_PORT}", "--metrics-listen", f"127.0.0.1:{METRICS_PORT}",
+             "--dns-listen", f"127.0.0.1:{DNS_PORT}", "--confdir", str(work / "conf")],
+            stdout=(work / "audit.log").open("w"), stderr=(work / "proxy.err").open("w"),
+        ))  # fmt: skip
+        deadline = time.monotonic() + 30
+        while "allowlist entries" not in (work / "proxy.err").read_text():
+            if time.monotonic() > deadline or procs[-1].poll() is not None:
+                raise RuntimeError(f"proxy did not start: {(work / 'proxy.err').read_text()}")
+            time.sleep(0.1)
+        time.sleep(1)
+        blocked = work / "blocked.txt"
+        blocked.write_text("".join(f"x{i:06d}.attacker.test A\n" for i in range(20000)))
+        allowed = work / "allowed.txt"
+        allowed.write_text("allowed.bench.test A\n" * 100)
+        results: dict[str, list[dict]] = {"blocked": [], "allowed": [], "direct": []}
+        for _ in range(args.rounds):
+            results["blocked"].append(dnsperf(ns, DNS_PORT, blocked, args.seconds, load_core))
+            results["allowed"].append(dnsperf(ns, DNS_PORT, allowed, args.seconds, load_core))
+            results["direct"].append(dnsperf(ns, 53, allowed, args.seconds, load_core))
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+        run(["ip", "netns", "del", ns], check=False)
+        shutil.rmtree(etc, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+    def mean(name: str, key: str) -> float:
+        return sum(r[key] for r in results[name]) / len(results[name])
+
+    direct = mean("direct", "qps")
+    rows = [
+        f"| {name} | {mean(name, 'qps'):,.0f} | {', '.join(f'{r['qps']:,.0f}' for r in results[name])} "
+        f"| {mean(name, 'latency_ms'):.2f} | {sum(r['lost'] for r in results[name]):.0f} | {results[name][-1]['codes']} |"
+        for name in ("blocked", "allowed", "direct")
+    ]
+    text = "\n".join([
+        "| target | q/s mean | q/s per run | avg latency ms | lost | response codes (last run) |",
+        "|---|---:|---:|---:|---:|---|",
+        *rows,
+        "",
+        f"allowed / direct = {mean('allowed', 'qps') / direct:.2f}; "
+        f"proxy on core {proxy_core}, dnsperf on core {load_core}; {args.rounds} x {args.seconds} s runs, "
+        f"dnsperf -c 4 -q 200; {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}.",
+    ])  # fmt: skip
+    print(text)
+    Path(args.output).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
