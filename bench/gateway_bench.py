@@ -34,7 +34,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlab import VENV_BIN, BenchError, BenchLab, LoadResult, Proxy, _wrk_ms, load_average, rss_bytes, run_hey, terminate  # noqa: E402
+from benchlab import (  # noqa: E402
+    VENV_BIN,
+    BenchError,
+    BenchLab,
+    LoadResult,
+    Proxy,
+    _wrk_ms,
+    load_average,
+    rss_bytes,
+    run_hey,
+    terminate,
+)
 
 ENTRIES = 20
 BIG = 1000

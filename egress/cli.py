@@ -260,9 +260,9 @@ async def _run(args: argparse.Namespace) -> int:
     from egress import metrics, workers
     from egress.addons.lifecycle import Readiness
     from egress.audit import DecisionLog
+    from egress.environments import EnvironmentRegistry
     from egress.master import build_master
     from egress.metrics_server import serve_metrics
-    from egress.environments import EnvironmentRegistry
 
     worker = workers.current()
     try:

@@ -178,13 +178,13 @@ def filter_addresses(
     """
     addresses = list(addresses)
     reasons = [policy.address_reason(spec, ip, is_self) for ip in addresses]
-    kept = [ip for ip, reason in zip(addresses, reasons) if reason is None]
+    kept = [ip for ip, reason in zip(addresses, reasons, strict=True) if reason is None]
     if kept or not addresses:
         return kept, verdict
     worst = next(r for r in (policy.LOOPBACK, policy.PROXY_SELF, policy.FORBIDDEN_ADDRESS) if r in reasons)
     decision = policy.with_reason(spec, verdict.decision, worst)
     if decision.reported:
-        reported = [ip for ip, reason in zip(addresses, reasons) if reason == policy.FORBIDDEN_ADDRESS]
+        reported = [ip for ip, reason in zip(addresses, reasons, strict=True) if reason == policy.FORBIDDEN_ADDRESS]
         return reported, Verdict(Action.RESOLVE, NOERROR, decision)
     return [], Verdict(Action.NODATA, NOERROR, decision)
 

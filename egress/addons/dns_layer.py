@@ -36,7 +36,6 @@ from mitmproxy.proxy import commands, events, layer, mode_servers
 from mitmproxy.proxy.layers import dns as dns_layer
 from mitmproxy.proxy.utils import expect
 
-
 UNPARSED = "_egress_unparsed"  # attribute set on a message built from the header only
 RAW = "_egress_raw"  # attribute: the message's bytes as received
 DROP_KEY = "egress.dns.drop"  # flow.metadata: the hook decided not to answer
