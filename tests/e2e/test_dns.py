@@ -569,3 +569,30 @@ def test_an_error_in_the_hook_fails_closed(box: DnsSandbox):
         assert faulty.proc.poll() is None
     finally:
         faulty.stop()
+
+
+def test_spec_dir_gateway_answers_no_environments_names(lab: Lab, tmp_path: Path):
+    """A DNS query carries no proof of environment: with --spec-dir the listener answers
+    from no environment's allowlist, so even a name every environment allowlists is
+    NXDOMAIN (the sandboxes of such a gateway use it as their proxy, which resolves),
+    and the query is counted with an empty environment label."""
+    spec_dir = tmp_path / "envs"
+    spec_dir.mkdir()
+    (spec_dir / "team-a.yaml").write_text(SPEC + '  proxyToken: "tok-team-a-0123456789"\n', encoding="utf-8")
+    dns_port = lab.free_port()
+    proxy = lab.start_proxy(None, "--dns-listen", f"127.0.0.1:{dns_port}", spec_dir=spec_dir)
+    try:
+        with in_netns(lab.proxy_ns):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.settimeout(5)
+            query = struct.pack("!HHHHHH", 9, 0x0100, 1, 0, 0, 0) + b"\x07dnsonly\x07example\x04test\x00\x00\x01\x00\x01"
+            sock.sendto(query, ("127.0.0.1", dns_port))
+            answer = sock.recv(65536)
+        finally:
+            sock.close()
+        assert answer[:2] == b"\x00\x09" and answer[3] & 15 == 3  # NXDOMAIN
+        assert metric(proxy, "egress_dns_queries_total", decision="blocked", reason="not_allowlisted", environment="") == 1
+        assert "tok-team-a" not in proxy.stderr()
+    finally:
+        proxy.stop()
