@@ -29,12 +29,34 @@ class DecisionLog:
         method: str,
         injected: tuple[str, ...] = (),
         kind: str = "request",
+        error: str = "",
     ) -> None:
         metrics.REQUESTS.labels(decision.label, decision.reason, decision.rule).inc()
         if injected:
             metrics.CREDENTIAL_INJECTIONS.labels(decision.rule).inc()
+        line = self._line(decision, kind, client, port, method, injected)
+        if error:  # the destination was allowed but could not be reached (upstream_*)
+            line["error"] = error
+        text = self._format(line)
+        if error and self.fmt == "text":
+            text += f" error={error}"
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def closed(self, decision: Decision, *, client: str, port: int, method: str, bytes_up: int, bytes_down: int) -> None:
+        """A passthrough tunnel ended: one more line with its byte counts (not a decision, not counted)."""
+        line = self._line(decision, "tunnel_closed", client, port, method, ())
+        line["bytes_up"], line["bytes_down"] = bytes_up, bytes_down
+        text = self._format(line)
+        if self.fmt == "text":
+            text = f"closed   {method} {decision.host}:{port} bytes_up={bytes_up} bytes_down={bytes_down} client={client}"
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    @staticmethod
+    def _line(decision: Decision, kind: str, client: str, port: int, method: str, injected: tuple[str, ...]) -> dict:
         now = time.time()
-        line = {
+        return {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
             "event": kind,
             "client": client,
@@ -46,11 +68,14 @@ class DecisionLog:
             "rule": decision.rule,
             "injected": list(injected),
         }
-        if self.fmt == "text":
-            text = f"{line['decision']:8} {method} {decision.host}:{port} rule={decision.rule or '-'} reason={decision.reason or '-'} client={client}"
-            if injected:
-                text += f" injected={','.join(injected)}"
-        else:
-            text = json.dumps(line, separators=(",", ":"))
-        self.stream.write(text + "\n")
-        self.stream.flush()
+
+    def _format(self, line: dict) -> str:
+        if self.fmt != "text":
+            return json.dumps(line, separators=(",", ":"))
+        text = (
+            f"{line['decision']:8} {line['method']} {line['host']}:{line['port']} rule={line['rule'] or '-'} "
+            f"reason={line['reason'] or '-'} client={line['client']}"
+        )
+        if line["injected"]:
+            text += f" injected={','.join(line['injected'])}"
+        return text

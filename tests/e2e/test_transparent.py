@@ -143,7 +143,7 @@ def test_passthrough_is_not_intercepted(lab: Lab, sandbox: Sandbox):
         answer["issuer"] == "egress test upstream CA"
     )  # the upstream's own certificate
     assert reached(lab, path) == [HOSTS["a.example.test"]]
-    entry = [e for e in sandbox.proxy.audit() if e["host"] == "a.example.test"][-1]
+    entry = [e for e in sandbox.proxy.audit() if e["host"] == "a.example.test" and e["event"] == "tunnel"][-1]
     assert (entry["decision"], entry["method"], entry["event"]) == (
         "allowed",
         "TLS",
