@@ -7,6 +7,8 @@ import ssl
 import struct
 
 import pytest
+from tls_hello import hello_body, records, sni_extension
+from tls_hello import vec as _vec
 
 from egress.clienthello import (
     INVALID,
@@ -16,29 +18,6 @@ from egress.clienthello import (
     parse_records,
     starts_like_tls,
 )
-
-
-def _vec(data: bytes, length_bytes: int) -> bytes:
-    return len(data).to_bytes(length_bytes, "big") + data
-
-
-def sni_extension(*names: bytes, name_type: int = 0) -> bytes:
-    entries = b"".join(bytes([name_type]) + _vec(n, 2) for n in names)
-    return struct.pack("!H", 0) + _vec(_vec(entries, 2), 2)
-
-
-def hello_body(*extensions: bytes, with_extensions: bool = True) -> bytes:
-    body = b"\x03\x03" + b"\x11" * 32 + _vec(b"\x22" * 32, 1) + _vec(b"\x13\x01\x13\x02", 2) + _vec(b"\x00", 1)
-    if with_extensions:
-        supported_versions = struct.pack("!H", 43) + _vec(_vec(b"\x03\x04", 1), 2)
-        body += _vec(b"".join(extensions) + supported_versions, 2)
-    return body
-
-
-def records(body: bytes, split: int | None = None) -> bytes:
-    message = b"\x01" + len(body).to_bytes(3, "big") + body
-    parts = [message] if split is None else [message[:split], message[split:]]
-    return b"".join(b"\x16\x03\x01" + _vec(p, 2) for p in parts)
 
 
 def openssl_hello(server_hostname: str | None) -> bytes:
