@@ -217,6 +217,8 @@ def section_throughput(lab, proxies, args) -> list[Run]:
                 if b != body:
                     continue
                 for scenario, (_, _, _, targets) in SCENARIOS.items():
+                    if scenario not in args.scenarios:
+                        continue
                     for target in targets:
                         if target not in proxies:
                             continue
@@ -710,6 +712,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=4.0, help="seconds per run, small bodies")
     p.add_argument("--large-duration", type=float, default=3.0, help="seconds per run, 1 MiB bodies")
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS),
+                   help="throughput scenarios to run (default all)")  # fmt: skip
     p.add_argument("--conns", type=int, nargs="*", default=[1, 16, 64])
     p.add_argument("--large-conns", type=int, nargs="*", default=[1, 16, 64])
     p.add_argument("--allowlist-sizes", type=int, nargs="*", default=[10, 1000, 100000])

@@ -23,6 +23,7 @@ Policy lives in `egress.policy` / `egress.destinations`; this file only wires it
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from mitmproxy import connection, ctx, exceptions, http, tls
@@ -80,6 +81,19 @@ def upstream_failed_response(reason: str, host: str) -> http.Response:
     )
 
 
+async def _dial(address: IPAddress, port: int) -> Side:
+    """Connect to the checked address within --connect-timeout; timed and counted."""
+    started = time.monotonic()
+    try:
+        side = await upstream.dial(address, port, ctx.options.egress_connect_timeout)
+    except upstream.DialFailed as failure:
+        metrics.UPSTREAM_ERRORS.labels(failure.reason).inc()
+        logger.info("upstream %s at CONNECT (port %s)", failure.reason, port)
+        raise
+    metrics.UPSTREAM_CONNECT.observe(time.monotonic() - started)
+    return side
+
+
 def _client_label(client: connection.Client) -> str:
     host, port, *_ = client.peername
     return f"{host}:{port}"
@@ -113,6 +127,7 @@ class DestinationGuard:
             flow.response = deny_response(decision.reason, decision.host)
             self.log.record(decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel")
             return
+        assert address is not None  # allowed always comes with a checked address (else: fail closed)
         state = self._state(flow.client_conn)
         state.pins[(decision.host, port)] = address
         tunnel = Tunnel(decision.host, port, decision)
@@ -120,9 +135,8 @@ class DestinationGuard:
         # Intercepted tunnels are dialled too (same answer), then released: mitmproxy opens
         # its own connection to the same checked address after the client's handshake.
         try:
-            side = await upstream.dial(address, port, ctx.options.egress_connect_timeout)
+            side = await _dial(address, port)
         except upstream.DialFailed as failure:
-            metrics.UPSTREAM_ERRORS.labels(failure.reason).inc()
             flow.response = upstream_failed_response(failure.reason, decision.host)
             self.log.record(
                 decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel",
@@ -263,6 +277,7 @@ class DestinationGuard:
         """Check the SNI of a redirected TLS connection and make it the connection's destination."""
         context = nextlayer.context
         client, server = context.client, context.server
+        assert server.address is not None  # the client's original destination
         _, port = server.address
         if server_name is None or server_name == clienthello.INVALID:
             decision, address = policy.unnamed(policy.NO_SNI), None
@@ -275,6 +290,7 @@ class DestinationGuard:
             nextlayer.layer = RefuseLayer(context)
             self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
             return
+        assert address is not None
         state.pins[(decision.host, port)] = address
         # From here on the destination is the name (and its checked address), never the
         # address the client connected to: SNI `allowed.test` sent to another IP reaches
@@ -284,10 +300,9 @@ class DestinationGuard:
             return
         if can_take_over(context):
             try:
-                tunnel.upstream = await upstream.dial(address, port, ctx.options.egress_connect_timeout)
+                tunnel.upstream = await _dial(address, port)
             except upstream.DialFailed as failure:
                 # No CONNECT to answer: closed as before, but counted and logged.
-                metrics.UPSTREAM_ERRORS.labels(failure.reason).inc()
                 tunnel.blocked = failure.reason
                 nextlayer.layer = RefuseLayer(context)
                 self.log.record(

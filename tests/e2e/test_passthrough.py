@@ -229,7 +229,9 @@ def test_matching_or_absent_server_name_is_relayed_with_byte_counts(lab, proxy, 
         sock.sendall(hello + junk)
         # Half-close once the tunnel is decided (mitmproxy, like bare mitmdump, aborts a
         # connection whose client closes before its next layer is known).
-        assert wait_for(lambda: len(recorder.connections[before_conns]) == len(hello + junk), 5)
+        assert wait_for(
+            lambda: len(recorder.connections) > before_conns and len(recorder.connections[before_conns]) == len(hello + junk), 5
+        )
         sock.shutdown(socket.SHUT_WR)
         received = b""
         sock.settimeout(10)
@@ -330,3 +332,44 @@ def test_one_gib_download_with_flat_memory(lab, proxy):
     closed = wait_for(lambda: [e for e in proxy.audit()[seen:] if e["event"] == "tunnel_closed"], 5)
     # TLS adds its record overhead to what curl counted (about 0.1 %, plus the handshake).
     assert size <= closed[0]["bytes_down"] < size * 1.01 + 65536, closed
+
+
+# -- limits keep working on relayed tunnels -----------------------------------------------
+
+
+def test_relayed_tunnel_idle_timeout_and_header_deadline(lab, network, recorder):
+    """--header-timeout does not cut a relayed tunnel (opaque bytes); --idle-timeout closes a silent one."""
+    proxy = lab.start_proxy(SPEC, "--header-timeout", "1", "--idle-timeout", "2")
+    try:
+        hello = records(hello_body(sni_extension(b"passthrough.test")))
+        busy, answer = _connect(lab, proxy, "passthrough.test", RECORDER_PORT)
+        assert answer.startswith(b"HTTP/1.1 200")
+        busy.sendall(hello)
+        idle, answer = _connect(lab, proxy, "passthrough.test", RECORDER_PORT)
+        assert answer.startswith(b"HTTP/1.1 200")
+        idle.sendall(hello)
+        start = time.monotonic()
+        idle.settimeout(0.2)
+        idle_closed_after = None
+        while time.monotonic() - start < 4:  # busy: a byte every 0.3 s, for twice the idle timeout
+            busy.sendall(b"x")
+            if idle_closed_after is None:
+                try:
+                    if idle.recv(1) == b"":
+                        idle_closed_after = time.monotonic() - start
+                except TimeoutError:
+                    pass
+                except ConnectionResetError:
+                    idle_closed_after = time.monotonic() - start
+            time.sleep(0.1)
+        assert idle_closed_after is not None and 1.5 <= idle_closed_after < 3.5, idle_closed_after
+        busy.sendall(b"still open")  # raises if the busy tunnel was closed
+        busy.shutdown(socket.SHUT_WR)
+        busy.settimeout(5)
+        assert busy.recv(65536).startswith(b"r")  # the recorder answered: both directions lived
+        busy.close()
+        idle.close()
+        closed = wait_for(lambda: len([e for e in proxy.audit() if e["event"] == "tunnel_closed"]) == 2, 5)
+        assert closed, proxy.audit()
+    finally:
+        proxy.stop()
