@@ -26,8 +26,7 @@ class Side(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # (uvloop's transports are not asyncio subclasses)
         if self.relay is None:
             transport.pause_reading()
 
