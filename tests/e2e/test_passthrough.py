@@ -373,3 +373,40 @@ def test_relayed_tunnel_idle_timeout_and_header_deadline(lab, network, recorder)
         assert closed, proxy.audit()
     finally:
         proxy.stop()
+
+
+def test_relayed_tunnels_release_their_connection_slots_and_memory(lab, network, recorder):
+    """200 tunnels through a proxy allowing 10 connections per client: each one, once closed,
+    gives its slot back (client_disconnected runs after the relay), and memory stays flat."""
+    proxy = lab.start_proxy(SPEC, "--max-connections-per-client", "10")
+    try:
+        hello = records(hello_body(sni_extension(b"passthrough.test")))
+
+        # Half-close only after the decision (see above): wait for the recorder to see the bytes.
+        def one_decided_tunnel() -> None:
+            before = len(recorder.connections)
+            sock, answer = _connect(lab, proxy, "passthrough.test", RECORDER_PORT)
+            try:
+                assert answer.startswith(b"HTTP/1.1 200"), answer
+                sock.sendall(hello + b"payload")
+                assert wait_for(lambda: len(recorder.connections) > before
+                                and len(recorder.connections[before]) == len(hello) + 7, 5)  # fmt: skip
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(10)
+                received = b""
+                while chunk := sock.recv(65536):
+                    received += chunk
+                assert received == b"r" * recorder.reply
+            finally:
+                sock.close()
+
+        for _ in range(20):
+            one_decided_tunnel()
+        rss_before = _rss_kb(proxy.proc.pid)
+        for _ in range(180):
+            one_decided_tunnel()
+        assert wait_for(lambda: len([e for e in proxy.audit() if e["event"] == "tunnel_closed"]) == 200, 10)
+        assert (_rss_kb(proxy.proc.pid) - rss_before) / 1024 < 10
+        assert metric(proxy, "egress_connections_refused_total") == 0
+    finally:
+        proxy.stop()
