@@ -31,7 +31,13 @@ from mitmproxy.net.http import url
 from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
 
 from egress import clienthello, metrics, policy, upstream
-from egress.addons.tunnel import RefuseLayer, RelayLayer, can_take_over
+from egress.addons.tunnel import (
+    RefuseLayer,
+    RelayLayer,
+    can_take_over,
+    hand_to_mitmproxy,
+    install_connect_handoff,
+)
 from egress.addresses import IPAddress
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
@@ -117,6 +123,9 @@ class DestinationGuard:
         self.clients: dict[str, ClientState] = {}
         self._dialing: dict[str, tuple[str, int]] = {}
 
+    def load(self, loader) -> None:
+        install_connect_handoff()
+
     def _state(self, client: connection.Client) -> ClientState:
         return self.clients.setdefault(client.id, ClientState())
 
@@ -132,8 +141,8 @@ class DestinationGuard:
         state.pins[(decision.host, port)] = address
         tunnel = Tunnel(decision.host, port, decision)
         # Dial before `200`, so an unreachable upstream is answered here, in one clear line.
-        # Intercepted tunnels are dialled too (same answer), then released: mitmproxy opens
-        # its own connection to the same checked address after the client's handshake.
+        # Intercepted tunnels are dialled too (same answer); mitmproxy's own connect after
+        # the client's handshake then takes this connection over (server_connect).
         try:
             side = await _dial(address, port)
         except upstream.DialFailed as failure:
@@ -144,8 +153,6 @@ class DestinationGuard:
             )  # fmt: skip
             return
         tunnel.upstream = side
-        if decision.transform:
-            tunnel.release()
         state.tunnel = tunnel
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
@@ -239,9 +246,9 @@ class DestinationGuard:
         if not clienthello.starts_like_tls(data):
             # Not TLS: HTTP inside the tunnel is checked request by request as before;
             # anything else is mitmproxy's (raw TCP to the checked address, or refused).
+            # Either way mitmproxy's connect takes the connection dialled at CONNECT.
             if tunnel is not None:
                 tunnel.decided = True
-                tunnel.release()
             return
         try:
             hello = clienthello.parse_records(data)
@@ -371,6 +378,13 @@ class DestinationGuard:
         else:
             self._dialing[data.server.id] = (host, port)
             data.server.address = (str(address), port)
+            tunnel = state.tunnel if state else None
+            if tunnel is not None and tunnel.upstream is not None and (normalized, port) == (tunnel.host, tunnel.port):
+                if data.server.error:
+                    tunnel.release()  # another addon refused this connect
+                else:
+                    hand_to_mitmproxy(tunnel.upstream)  # the connection dialled at CONNECT
+                tunnel.upstream = None
 
     def _restore_address(self, data: server_hooks.ServerConnectionHookData) -> None:
         # mitmproxy reuses upstream connections by comparing addresses with the requested

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from mitmproxy import ctx
 from mitmproxy.proxy import commands, events, layer
+from mitmproxy.proxy import server as proxy_server
 from mitmproxy.proxy.context import Context
 
 from egress.relay import Relay, Side
@@ -108,3 +111,63 @@ class RelayLayer(layer.Layer):
         io = handler.transports.get(self.context.client) if handler is not None else None
         if io is not None and io.handler is not None:
             io.handler.cancel(reason)
+
+
+# -- intercepted tunnels: mitmproxy's upstream connect uses the connection dialled at CONNECT --
+
+_handoffs: weakref.WeakKeyDictionary[asyncio.Task, Side] = weakref.WeakKeyDictionary()
+
+
+def hand_to_mitmproxy(side: Side) -> None:
+    """From a `server_connect` hook: the connect mitmproxy is about to make, in this same task
+    (`ConnectionHandler.open_connection` awaits the hook, then `asyncio.open_connection`),
+    takes over `side`'s already connected transport instead of dialling again."""
+    task = asyncio.current_task()
+    if task is None:
+        side.close()
+        return
+    _handoffs[task] = side
+
+
+async def _open_connection(host: str, port: int, **kwargs: Any):
+    side = _handoffs.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+    transport = side.transport if side is not None else None
+    if side is None or transport is None or side.lost or side.eof or transport.is_closing():
+        if side is not None:
+            side.close()
+        return await asyncio.open_connection(host, port, **kwargs)
+    # A real connect always suspends; mitmproxy relies on that (with eager tasks, the
+    # `ConnectionIO` it stores after starting this task would replace ours otherwise).
+    await asyncio.sleep(0)
+    if side.lost or side.eof or transport.is_closing():
+        return await asyncio.open_connection(host, port, **kwargs)
+    # What asyncio.open_connection builds, around the transport we already have.
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**16, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport.set_protocol(protocol)
+    protocol.connection_made(transport)
+    if side.early:
+        reader.feed_data(bytes(side.early))
+    transport.resume_reading()
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+class _AsyncioWithHandoff:
+    """`asyncio` as mitmproxy's proxy/server.py sees it, with `open_connection` replaced."""
+
+    open_connection = staticmethod(_open_connection)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+
+def install_connect_handoff() -> None:
+    """Patch mitmproxy 12.3.1's `proxy/server.py` (module global `asyncio`), once.
+
+    Without it an intercepted tunnel is connected twice: once at CONNECT (so that an
+    unreachable upstream gets its 502/504 there) and again by mitmproxy after the
+    client's handshake. tests/e2e/test_passthrough.py counts the SYNs.
+    """
+    if not isinstance(proxy_server.asyncio, _AsyncioWithHandoff):
+        proxy_server.asyncio = _AsyncioWithHandoff()  # type: ignore[assignment]

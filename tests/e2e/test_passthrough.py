@@ -7,6 +7,7 @@ audit log; a 1 GiB download keeps the proxy's memory flat."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -15,6 +16,7 @@ import time
 import pytest
 from tls_hello import hello_body, records, sni_extension
 
+from e2e.clients import curl
 from e2e.lab import HOSTS, Lab, in_netns
 
 RECORDER_PORT = 9443
@@ -80,7 +82,9 @@ def network(lab: Lab):
     subprocess.run([*uns, "ip", "addr", "add", f"{BLACKHOLE}/24", "dev", f"vu{lab.id}"], check=True)
     subprocess.run(
         [*uns, "nft", (f"add table inet egpt; add chain inet egpt input {{ type filter hook input priority 0; }};"
-                       f" add rule inet egpt input ip daddr {BLACKHOLE} drop")],
+                       f" add rule inet egpt input ip daddr {BLACKHOLE} drop;"
+                       f" add rule inet egpt input ip daddr {HOSTS['api.example.test']} tcp dport 443"
+                       " tcp flags & (syn | ack) == syn counter")],
         check=True,
     )  # fmt: skip
     subprocess.run([*pns, "ip", "route", "add", "unreachable", "198.19.255.0/24"], check=True)
@@ -259,6 +263,23 @@ def test_intercepted_tunnel_refuses_an_invalid_server_name(lab, proxy):
     finally:
         sock.close()
     assert len(lab.upstream_requests()) == before
+
+
+def _syns_to_api(lab: Lab) -> int:
+    out = subprocess.run(
+        ["ip", "netns", "exec", lab.upstream_ns, "nft", "list", "chain", "inet", "egpt", "input"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return int(re.search(r"tcp dport 443 .*counter packets (\d+)", out.stdout).group(1))
+
+
+def test_intercepted_tunnel_connects_upstream_once(lab, proxy):
+    """Dialled at CONNECT, and that connection is the one mitmproxy uses after the handshake."""
+    before = _syns_to_api(lab)
+    status, headers, body = curl(lab, proxy, "https://api.example.test/one-connection")
+    assert status == 200 and body, (status, headers, body, proxy.stdout()[-3000:])
+    assert dict(json.loads(body)["headers"])["Authorization"] == "Bearer passthrough-test-token"
+    assert _syns_to_api(lab) - before == 1
 
 
 # -- dead upstreams are answered at CONNECT ---------------------------------------------------
