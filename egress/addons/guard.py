@@ -16,7 +16,8 @@ Hook by hook:
 - `tls_clienthello`  intercepted tunnels only: mitmproxy's own reading of the SNI
                      must agree too (defence in depth; the decision was taken above).
 - `server_connect`   dial only the address that was checked for this client and
-                     destination; anything else is refused (fail closed).
+                     destination (for a CONNECT tunnel: take over the connection
+                     dialled at CONNECT); anything else is refused (fail closed).
 Policy lives in `egress.policy` / `egress.destinations`; this file only wires it in.
 """
 
@@ -55,7 +56,7 @@ class Tunnel:
     decision: policy.Decision
     blocked: str = ""  # reason, once the TLS ClientHello has been refused
     decided: bool = False  # the ClientHello was checked (next_layer); later layers are not ours
-    upstream: Side | None = None  # dialled at CONNECT, until a relay takes it or it is released
+    upstream: Side | None = None  # dialled at CONNECT, until the relay or mitmproxy takes it, or it is closed
 
     def release(self) -> None:
         """Close the connection dialled at CONNECT without sending it a byte."""
