@@ -322,14 +322,13 @@ class DestinationGuard:
 
     def _pass_through(self, nextlayer: layer.NextLayer, tunnel: Tunnel, method: str) -> None:
         context = nextlayer.context
-        side, tunnel.upstream = tunnel.upstream, None
-        if side is None or not can_take_over(context):
+        if tunnel.upstream is None or not can_take_over(context):
             # TLS to the proxy itself (or another transport mitmproxy owns): relay inside
-            # mitmproxy; its upstream connection goes to the pinned address (server_connect).
-            if side is not None:
-                side.close()
+            # mitmproxy; its upstream connection is the pinned address (server_connect),
+            # over the connection dialled at CONNECT where there is one.
             nextlayer.layer = layers.TCPLayer(context, ignore=True)
             return
+        side, tunnel.upstream = tunnel.upstream, None
         client = _client_label(context.client)
 
         def closed(bytes_up: int, bytes_down: int) -> None:
