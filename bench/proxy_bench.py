@@ -124,13 +124,21 @@ def measure(lab: BenchLab, section: str, scenario: str, target: str, proxy: Prox
     retries = 0
     while True:
         opens = _active_opens(lab)
+        failed = False
         with RssSampler(pid) as sampler:
-            result = loadgen(lab, url.format(body=body), conns, seconds, proxy)
+            try:
+                result = loadgen(lab, url.format(body=body), conns, seconds, proxy)
+            except BenchError as exc:
+                if loadgen is not run_hey:
+                    raise
+                # hey churning into timeouts can end without a single answer: repeated too.
+                print(f"  ({target} {scenario} c={conns}: {str(exc).splitlines()[0]})", flush=True)
+                result, failed = benchlab.LoadResult(0.0, 0.0, 0.0, 0, conns, 0.0), True
         opened = _active_opens(lab) - opens
         # hey (Go's http.Transport) sometimes falls into dialling a new connection for
         # almost every request and dropping it again: through a proxy that is a CONNECT
         # and a TLS set-up per request, a different benchmark. Such a run is repeated.
-        churned = loadgen is run_hey and opened > 3 * conns + 20
+        churned = failed or (loadgen is run_hey and opened > 3 * conns + 20)
         if not churned or retries == 3:
             break
         retries += 1
