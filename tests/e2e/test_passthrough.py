@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -430,4 +431,22 @@ def test_relayed_tunnels_release_their_connection_slots_and_memory(lab, network,
         assert (_rss_kb(proxy.proc.pid) - rss_before) / 1024 < 10
         assert metric(proxy, "egress_connections_refused_total") == 0
     finally:
+        proxy.stop()
+
+
+def test_shutdown_with_relayed_tunnels_open(lab, network, recorder):
+    """SIGTERM while a tunnel is relayed: the proxy exits promptly and the client sees the close."""
+    proxy = lab.start_proxy(SPEC)
+    sock, answer = _connect(lab, proxy, "passthrough.test", RECORDER_PORT)
+    try:
+        assert answer.startswith(b"HTTP/1.1 200")
+        sock.sendall(records(hello_body(sni_extension(b"passthrough.test"))))
+        time.sleep(0.3)
+        start = time.monotonic()
+        proxy.proc.send_signal(signal.SIGTERM)
+        proxy.proc.wait(timeout=10)
+        assert time.monotonic() - start < 5
+        assert _closed_within(sock, 5)
+    finally:
+        sock.close()
         proxy.stop()

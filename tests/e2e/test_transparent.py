@@ -297,6 +297,18 @@ def test_raw_hello_with_valid_name_is_relayed_to_the_named_host(lab: Lab, sandbo
     assert [(e["host"], e["decision"], e["method"]) for e in entries] == [("a.example.test", "allowed", "TLS")]
 
 
+def test_unreachable_upstream_is_closed_and_counted(lab: Lab, sandbox: Sandbox):
+    """No CONNECT to answer: the connection is closed, counted and logged with the reason."""
+    before = metric(sandbox.proxy, "egress_upstream_errors_total", reason="upstream_refused")
+    seen = len(sandbox.proxy.audit())
+    hello = records(hello_body(sni_extension(b"a.example.test")))
+    answer = sandbox.client("raw", ATTACKER, "9", "--send-hex", hello.hex())  # nothing listens on :9
+    assert answer["closed"] and answer["received"] == "", answer
+    assert metric(sandbox.proxy, "egress_upstream_errors_total", reason="upstream_refused") == before + 1
+    [entry] = [e for e in audit_since(sandbox.proxy, seen) if e.get("error")]
+    assert (entry["host"], entry["port"], entry["error"]) == ("a.example.test", 9, "upstream_refused")
+
+
 # -- plain HTTP: the name comes from the Host header ------------------------------------
 
 
