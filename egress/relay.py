@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 
 class Side(asyncio.Protocol):
@@ -26,9 +27,9 @@ class Side(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # (uvloop's transports are not asyncio subclasses)
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not asyncio subclasses)
         if self.relay is None:
-            transport.pause_reading()
+            self.transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.relay is None:

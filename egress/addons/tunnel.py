@@ -92,13 +92,19 @@ class RelayLayer(layer.Layer):
             self.upstream.close()
             self._end_client(handler, "egress: tunnel hand-over impossible")
             return
-        client = Side()
-        client.transport = transport
-        transport.set_protocol(client)
-        self.relay = Relay(
-            client, self.upstream, on_activity=handler.timeout_watchdog.register_activity, on_close=self._closed
-        )
-        self.relay.start()
+        try:
+            client = Side()
+            client.transport = transport
+            transport.set_protocol(client)
+            self.relay = Relay(
+                client, self.upstream, on_activity=handler.timeout_watchdog.register_activity, on_close=self._closed
+            )
+            self.relay.start()
+        except Exception as exc:  # noqa: BLE001  (fail closed: a tunnel that cannot be relayed is closed, not left hanging)
+            logger.error("passthrough relay failed to start (%s); tunnel closed", type(exc).__name__)
+            self.upstream.close()
+            transport.abort()
+            self._end_client(handler, "egress: tunnel hand-over failed")
 
     def _closed(self, bytes_up: int, bytes_down: int) -> None:
         try:
