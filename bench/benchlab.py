@@ -383,6 +383,8 @@ def run_wrk(lab: BenchLab, url: str, conns: int, seconds: float, proxy: Proxy | 
         errors += int(m.group(1))
     if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
         errors += sum(int(x) for x in m.groups())
+    if "50" not in lat or "99" not in lat:  # wrk prints no percentiles when nothing completed
+        raise BenchError(f"wrk reported no latency percentiles: {out[-300:]}")
     return LoadResult(rps, _wrk_ms(lat["50"]), _wrk_ms(lat["99"]), total, errors, cpu)
 
 

@@ -124,13 +124,21 @@ def measure(lab: BenchLab, section: str, scenario: str, target: str, proxy: Prox
     retries = 0
     while True:
         opens = _active_opens(lab)
+        failed = False
         with RssSampler(pid) as sampler:
-            result = loadgen(lab, url.format(body=body), conns, seconds, proxy)
+            try:
+                result = loadgen(lab, url.format(body=body), conns, seconds, proxy)
+            except BenchError as exc:
+                if loadgen is not run_hey:
+                    raise
+                # hey churning into timeouts can end without a single answer: repeated too.
+                print(f"  ({target} {scenario} c={conns}: {str(exc).splitlines()[0]})", flush=True)
+                result, failed = benchlab.LoadResult(0.0, 0.0, 0.0, 0, conns, 0.0), True
         opened = _active_opens(lab) - opens
         # hey (Go's http.Transport) sometimes falls into dialling a new connection for
         # almost every request and dropping it again: through a proxy that is a CONNECT
         # and a TLS set-up per request, a different benchmark. Such a run is repeated.
-        churned = loadgen is run_hey and opened > 3 * conns + 20
+        churned = failed or (loadgen is run_hey and opened > 3 * conns + 20)
         if not churned or retries == 3:
             break
         retries += 1
@@ -217,6 +225,8 @@ def section_throughput(lab, proxies, args) -> list[Run]:
                 if b != body:
                     continue
                 for scenario, (_, _, _, targets) in SCENARIOS.items():
+                    if scenario not in args.scenarios:
+                        continue
                     for target in targets:
                         if target not in proxies:
                             continue
@@ -453,6 +463,11 @@ def _fmt_rps(group):
     return f"{mean} ({runs})"
 
 
+def _p99(runs, **key) -> float:
+    group = _valid(_group(runs, **key))
+    return _mean([r.p99_ms for r in group]) if group else 0.0
+
+
 def rps_of(runs, **key) -> float:
     return _mean([r.rps for r in _valid(_group(runs, **key))])
 
@@ -502,16 +517,34 @@ def evaluate(throughput, allowlist_rows, allowlist_runs, worker_runs) -> list[Ta
             if e and m:
                 r = ratio(e, m)
                 t.append(Target(f"{name}, 1 MiB bodies, {conns} conn: egress / bare mitmdump", f"{r:.2f}×", "never < 0.95×", r >= 0.95))
+    # Passthrough targets of issue 12 (relay outside mitmproxy's layer stack).
     for conns in sorted({r.conns for r in throughput}):
         e = rps_of(throughput, scenario="pass", target="egress", body="small", conns=conns)
         m = rps_of(throughput, scenario="pass", target="mitmdump-pass", body="small", conns=conns)
+        sq = rps_of(throughput, scenario="pass", target="squid", body="small", conns=conns)
         i = rps_of(throughput, scenario="inject", target="egress", body="small", conns=conns)
         if e and m:
             r = ratio(e, m)
-            t.append(Target(f"passthrough HTTPS, {conns} conn: egress / bare mitmdump passthrough", f"{r:.2f}×", "≥ 0.95×", r >= 0.95))
+            goal = 1.5 if conns > 1 else 0.95
+            t.append(Target(f"passthrough HTTPS, {conns} conn: egress / bare mitmdump passthrough", f"{r:.2f}×", f"≥ {goal}×", r >= goal))
+        if e and sq:
+            r = ratio(e, sq)
+            t.append(Target(f"passthrough HTTPS, {conns} conn: egress / squid", f"{r:.2f}×", "aim ≥ 0.7×", r >= 0.7))
         if e and i:
             r = ratio(e, i)
             t.append(Target(f"passthrough HTTPS, {conns} conn: egress passthrough / egress intercepting", f"{r:.1f}×", "≥ 10×", r >= 10))
+        if conns >= 64 and e and m:
+            pe = _p99(throughput, scenario="pass", target="egress", body="small", conns=conns)
+            pm = _p99(throughput, scenario="pass", target="mitmdump-pass", body="small", conns=conns)
+            t.append(Target(f"passthrough HTTPS p99, {conns} conn: egress vs bare mitmdump passthrough",
+                            f"{pe:.2f} / {pm:.2f} ms", "≤ mitmdump's", pe <= pm))  # fmt: skip
+    for conns in sorted({r.conns for r in throughput if r.body == "large"}):
+        e = rps_of(throughput, scenario="pass", target="egress", body="large", conns=conns)
+        m = rps_of(throughput, scenario="pass", target="mitmdump-pass", body="large", conns=conns)
+        if e and m:
+            r = ratio(e, m)
+            t.append(Target(f"passthrough HTTPS, 1 MiB bodies, {conns} conn: egress / bare mitmdump passthrough (MB/s)",
+                            f"{r:.2f}×", "≥ 1.3×", r >= 1.3))  # fmt: skip
     sizes = sorted({int(r.target.split("-")[1]) for r in allowlist_runs})
     if len(sizes) >= 2:
         small, big = sizes[0], sizes[-1]
@@ -687,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=4.0, help="seconds per run, small bodies")
     p.add_argument("--large-duration", type=float, default=3.0, help="seconds per run, 1 MiB bodies")
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS),
+                   help="throughput scenarios to run (default all)")  # fmt: skip
     p.add_argument("--conns", type=int, nargs="*", default=[1, 16, 64])
     p.add_argument("--large-conns", type=int, nargs="*", default=[1, 16, 64])
     p.add_argument("--allowlist-sizes", type=int, nargs="*", default=[10, 1000, 100000])

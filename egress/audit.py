@@ -29,32 +29,28 @@ class DecisionLog:
         method: str,
         injected: tuple[str, ...] = (),
         kind: str = "request",
+        error: str = "",
     ) -> None:
         metrics.REQUESTS.labels(decision.label, decision.reason, decision.rule, decision.environment).inc()
         if injected:
             metrics.CREDENTIAL_INJECTIONS.labels(decision.rule, decision.environment).inc()
-        now = time.time()
-        line = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
-            "event": kind,
-            "client": client,
-            "environment": decision.environment,
-            "host": decision.host,
-            "port": port,
-            "method": method,
-            "decision": decision.label,
-            "reason": decision.reason,
-            "rule": decision.rule,
-            "injected": list(injected),
-        }
+        line = self._line(decision, kind, client, port, method, injected)
+        if error:  # the destination was allowed but could not be reached (upstream_*)
+            line["error"] = error
+        text = self._format(line)
+        if error and self.fmt == "text":
+            text += f" error={error}"
+        self._write(text)
+
+    def closed(self, decision: Decision, *, client: str, port: int, method: str, bytes_up: int, bytes_down: int) -> None:
+        """A passthrough tunnel ended: one more line with its byte counts (not a decision, not counted)."""
+        line = self._line(decision, "tunnel_closed", client, port, method, ())
+        line["bytes_up"], line["bytes_down"] = bytes_up, bytes_down
+        text = self._format(line)
         if self.fmt == "text":
-            text = f"{line['decision']:8} {method} {decision.host}:{port} rule={decision.rule or '-'} reason={decision.reason or '-'} client={client}"
+            text = f"closed   {method} {decision.host}:{port} bytes_up={bytes_up} bytes_down={bytes_down} client={client}"
             if decision.environment:
                 text += f" environment={decision.environment}"
-            if injected:
-                text += f" injected={','.join(injected)}"
-        else:
-            text = json.dumps(line, separators=(",", ":"))
         self._write(text)
 
     def record_dns(self, verdict, *, client: str, name: str, qtype: str) -> None:
@@ -71,6 +67,35 @@ class DecisionLog:
                     "decision": decision, "reason": verdict.reason, "rule": verdict.rule}  # fmt: skip
             text = json.dumps(line, separators=(",", ":"))
         self._write(text)
+
+    @staticmethod
+    def _line(decision: Decision, kind: str, client: str, port: int, method: str, injected: tuple[str, ...]) -> dict:
+        return {
+            "time": _now(),
+            "event": kind,
+            "client": client,
+            "environment": decision.environment,
+            "host": decision.host,
+            "port": port,
+            "method": method,
+            "decision": decision.label,
+            "reason": decision.reason,
+            "rule": decision.rule,
+            "injected": list(injected),
+        }
+
+    def _format(self, line: dict) -> str:
+        if self.fmt != "text":
+            return json.dumps(line, separators=(",", ":"))
+        text = (
+            f"{line['decision']:8} {line['method']} {line['host']}:{line['port']} rule={line['rule'] or '-'} "
+            f"reason={line['reason'] or '-'} client={line['client']}"
+        )
+        if line["environment"]:
+            text += f" environment={line['environment']}"
+        if line["injected"]:
+            text += f" injected={','.join(line['injected'])}"
+        return text
 
     def _write(self, text: str) -> None:
         self.stream.write(text + "\n")

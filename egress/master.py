@@ -57,12 +57,15 @@ def build_master(
     m.addons.add(
         core.Core(),
         proxyserver.Proxyserver(),
+        # Our hooks fail closed: an exception refuses the request/connection (failsafe.py).
+        # The guard comes before mitmproxy's NextLayer: its `next_layer` decides a tunnel
+        # on the complete ClientHello before TLS layers are stacked (or waits for it).
+        # The environment gate answers 407 before the guard decides anything.
+        fail_closed(gate),
+        fail_closed(DestinationGuard(checker, log)),
         next_layer.NextLayer(),
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),
-        # Our hooks fail closed: an exception refuses the request/connection (failsafe.py).
-        fail_closed(gate),
-        fail_closed(DestinationGuard(checker, log)),
         fail_closed(CredentialInjector(log)),
         fail_closed(ConnectionLimits()),
         Timings(),
@@ -81,8 +84,8 @@ def build_master(
         listen_port=listen_port,
         mode=listen_modes(mode, listen_host, listen_port) + (dns_modes(*dns_listen) if dns_listen else []),
         confdir=confdir,
-        # Dial upstream only when a request (or passthrough tunnel) needs it, after
-        # every check has run, instead of at CONNECT time.
+        # mitmproxy dials only when a request needs it, after every check has run; the
+        # guard itself dials a CONNECT's checked address before answering `200`.
         connection_strategy="lazy",
         # Bodies above 64 KiB stream through instead of being buffered: memory stays
         # flat whatever the sandbox downloads (no addon of ours reads a body; headers

@@ -39,6 +39,12 @@ CREDENTIAL_INJECTIONS = Counter(
     "Requests that had an allowlist entry's transform applied.",
     ["rule", "environment"],
 )
+UPSTREAM_ERRORS = Counter(
+    "egress_upstream_errors",
+    "Allowed tunnels whose checked upstream address could not be connected (CONNECT answered 502/504, "
+    "or a transparent connection closed).",
+    ["reason"],
+)
 REQUEST_DURATION = Histogram(
     "egress_request_duration_seconds",
     "Time from request headers received to response complete, for requests the proxy sees.",
@@ -94,3 +100,5 @@ def init_labels() -> None:
     """Create the result series up front so `rate()` sees them from the first scrape."""
     for result in ("success", "failure"):
         CONFIG_RELOADS.labels(result)
+    for reason in ("upstream_refused", "upstream_unreachable", "upstream_timeout"):
+        UPSTREAM_ERRORS.labels(reason)

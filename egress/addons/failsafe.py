@@ -9,8 +9,8 @@ unchecked. `fail_closed(addon)` wraps every event hook of one of our addons
   403 with reason `internal_error` (our extension of SPEC §3's reason codes);
   response-phase hooks replace the response with 502 `internal_error`,
 - `dns_request` answers SERVFAIL instead of whatever it had decided,
-- `tls_clienthello` refuses the tunnel (its upstream connection is killed, the
-  client sees a close), `server_connect` refuses the upstream connection (502),
+- `next_layer` and `tls_clienthello` refuse the tunnel (nothing is sent upstream,
+  the client sees a close), `server_connect` refuses the upstream connection (502),
   `client_connected` refuses the client connection,
 - bookkeeping hooks (`client_disconnected`, `server_connected`, ...) decide
   nothing, so their errors are only logged and counted.
@@ -36,11 +36,12 @@ from collections.abc import Callable
 from typing import Any
 
 import mitmproxy.proxy.layers  # noqa: F401  (registers the HTTP/TLS/TCP hooks in `hooks.all_hooks`)
-from mitmproxy import connection, dns, hooks, http, tls
-from mitmproxy.proxy import server_hooks
+from mitmproxy import connection, dns, exceptions, hooks, http, tls
+from mitmproxy.proxy import layer, server_hooks
 from prometheus_client import Counter
 
 from egress import policy
+from egress.addons.tunnel import RefuseLayer
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ def _subject(data: Any) -> tuple[str, str]:
     if isinstance(data, dns.DNSFlow):
         question = data.request.question if data.request else None
         return (question.name if question else ""), _peer(data.client_conn)
+    if isinstance(data, layer.NextLayer):
+        address = data.context.server.address
+        return (str(address[0]) if address else ""), _peer(data.context.client)
     return "", ""
 
 
@@ -107,6 +111,10 @@ def _refuse(hook: str, data: Any) -> str:
         # is refused before it opens, which closes the client's.
         data.ignore_connection = True
         data.context.server.error = f"egress: {policy.INTERNAL_ERROR}"
+        return "tunnel refused"
+    elif isinstance(data, layer.NextLayer):
+        # Nothing is stacked that could reach the upstream: the client connection is closed.
+        data.layer = RefuseLayer(data.context)
         return "tunnel refused"
     elif isinstance(data, server_hooks.ServerConnectionHookData) and hook == "server_connect":
         data.server.error = f"egress: {policy.INTERNAL_ERROR}"
@@ -161,6 +169,8 @@ def _wrap(owner: str, hook: str, func: Callable, fault_host: str | None | bool) 
             try:
                 maybe_fault(data)
                 return await func(data, *rest)
+            except exceptions.AddonHalt:
+                raise  # not an error: "decide later" (next_layer waiting for more bytes)
             except Exception as exc:
                 _handle(owner, hook, data, exc)
 
@@ -171,6 +181,8 @@ def _wrap(owner: str, hook: str, func: Callable, fault_host: str | None | bool) 
         try:
             maybe_fault(data)
             return func(data, *rest)
+        except exceptions.AddonHalt:
+            raise
         except Exception as exc:
             _handle(owner, hook, data, exc)
 

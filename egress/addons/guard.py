@@ -1,33 +1,49 @@
 """DestinationGuard: allowlist, address guard and address pinning on mitmproxy hooks.
 
 Hook by hook:
-- `http_connect`     check the CONNECT authority; 403 or remember the tunnel.
+- `http_connect`     check the CONNECT authority; 403, or dial the checked address
+                     before `200` (502/504 with `X-Egress-Error` when it cannot be
+                     reached) and remember the tunnel.
+- `next_layer`       once the complete ClientHello is in, before mitmproxy stacks
+                     its TLS layers: its raw server_name must name the CONNECT host
+                     (`egress.clienthello`); entries without a transform are handed
+                     to a relay outside mitmproxy (`egress.addons.tunnel`). In
+                     transparent mode the server_name *is* the destination: it is
+                     checked here, and the connection is renamed from the client's
+                     original destination address to that name.
 - `requestheaders`   check each request's destination (and that it agrees with the
                      tunnel it travels in); 403 or let it on.
-- `tls_clienthello`  SNI must equal the CONNECT host; entries without a transform
-                     are passed through without interception. In transparent mode
-                     the SNI *is* the destination: it is checked here, and the
-                     connection is renamed from the client's original destination
-                     address to that name, so the original address is never dialled.
+- `tls_clienthello`  intercepted tunnels only: mitmproxy's own reading of the SNI
+                     must agree too (defence in depth; the decision was taken above).
 - `server_connect`   dial only the address that was checked for this client and
-                     destination; anything else is refused (fail closed).
+                     destination (for a CONNECT tunnel: take over the connection
+                     dialled at CONNECT); anything else is refused (fail closed).
 Policy lives in `egress.policy` / `egress.destinations`; this file only wires it in.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
-from mitmproxy import connection, http, tls
+from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.net.http import url
-from mitmproxy.proxy import mode_specs, server_hooks
+from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
 
-from egress import policy
+from egress import clienthello, metrics, policy, upstream
+from egress.addons.tunnel import (
+    RefuseLayer,
+    RelayLayer,
+    can_take_over,
+    hand_to_mitmproxy,
+    install_connect_handoff,
+)
 from egress.addresses import IPAddress
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.domains import HostError, normalize_host
+from egress.relay import Side
 
 logger = logging.getLogger(__name__)
 DECISION_KEY = "egress.decision"
@@ -39,6 +55,14 @@ class Tunnel:
     port: int
     decision: policy.Decision
     blocked: str = ""  # reason, once the TLS ClientHello has been refused
+    decided: bool = False  # the ClientHello was checked (next_layer); later layers are not ours
+    upstream: Side | None = None  # dialled at CONNECT, until the relay or mitmproxy takes it, or it is closed
+
+    def release(self) -> None:
+        """Close the connection dialled at CONNECT without sending it a byte."""
+        if self.upstream is not None:
+            self.upstream.close()
+            self.upstream = None
 
 
 @dataclass
@@ -47,11 +71,12 @@ class ClientState:
     # (normalised host, port) -> the one address checked for it.
     pins: dict[tuple[str, int], IPAddress] = field(default_factory=dict)
 
-    def pin(self, host: str, port: int, address: IPAddress | None) -> None:
+    def pin(self, host: str, port: int, address: IPAddress | None) -> IPAddress:
         """Remember the address checked for an allowed destination (which always has one)."""
         if address is None:  # fail closed (internal_error) rather than pin nothing
             raise RuntimeError(f"allowed destination {host}:{port} came without a checked address")
         self.pins[(host, port)] = address
+        return address
 
 
 def deny_response(reason: str, host: str) -> http.Response:
@@ -60,6 +85,27 @@ def deny_response(reason: str, host: str) -> http.Response:
         policy.deny_body(reason, host),
         {"Content-Type": "application/json", "X-Egress-Denied": reason},
     )
+
+
+def upstream_failed_response(reason: str, host: str) -> http.Response:
+    return http.Response.make(
+        upstream.STATUS[reason],
+        upstream.failure_body(reason, host),
+        {"Content-Type": "application/json", "X-Egress-Error": reason},
+    )
+
+
+async def _dial(address: IPAddress, port: int) -> Side:
+    """Connect to the checked address within --connect-timeout; timed and counted."""
+    started = time.monotonic()
+    try:
+        side = await upstream.dial(address, port, ctx.options.egress_connect_timeout)
+    except upstream.DialFailed as failure:
+        metrics.UPSTREAM_ERRORS.labels(failure.reason).inc()
+        logger.info("upstream %s at CONNECT (port %s)", failure.reason, port)
+        raise
+    metrics.UPSTREAM_CONNECT.observe(time.monotonic() - started)
+    return side
 
 
 def _client_label(client: connection.Client) -> str:
@@ -85,6 +131,9 @@ class DestinationGuard:
         self.clients: dict[str, ClientState] = {}
         self._dialing: dict[str, tuple[str, int]] = {}
 
+    def load(self, loader) -> None:
+        install_connect_handoff()
+
     def _state(self, client: connection.Client) -> ClientState:
         return self.clients.setdefault(client.id, ClientState())
 
@@ -98,8 +147,22 @@ class DestinationGuard:
             self.log.record(decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel")
             return
         state = self._state(flow.client_conn)
-        state.tunnel = Tunnel(decision.host, port, decision)
-        state.pin(decision.host, port, address)
+        address = state.pin(decision.host, port, address)
+        tunnel = Tunnel(decision.host, port, decision)
+        # Dial before `200`, so an unreachable upstream is answered here, in one clear line.
+        # Intercepted tunnels are dialled too (same answer); mitmproxy's own connect after
+        # the client's handshake then takes this connection over (server_connect).
+        try:
+            side = await _dial(address, port)
+        except upstream.DialFailed as failure:
+            flow.response = upstream_failed_response(failure.reason, decision.host)
+            self.log.record(
+                decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel",
+                error=failure.reason,
+            )  # fmt: skip
+            return
+        tunnel.upstream = side
+        state.tunnel = tunnel
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.request.method == "CONNECT":
@@ -176,42 +239,72 @@ class DestinationGuard:
                 return False
         return True
 
-    async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
-        state = self.clients.get(data.context.client.id)
+    async def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        """Decide a TLS tunnel on its complete ClientHello, before mitmproxy's TLS layers exist."""
+        context = nextlayer.context
+        state = self.clients.get(context.client.id)
         tunnel = state.tunnel if state else None
-        if tunnel is None:
-            if _transparent(data.context.client):
-                await self._open_transparent_tls(data)
+        transparent = _transparent(context.client)
+        if nextlayer.layer is not None or (tunnel is not None and tunnel.decided):
             return
-        client = _client_label(data.context.client)
-        sni = data.client_hello.sni
-        if sni is not None and _normalized(sni) != tunnel.host:
+        if tunnel is None and not (transparent and len(context.layers) == 1):
+            return  # not a tunnel (plain HTTP, the first layer of a regular proxy)
+        data = nextlayer.data_client()
+        if clienthello.tls_header_prefix(data):
+            raise exceptions.AddonHalt  # could still become a TLS record header: wait
+        if not clienthello.starts_like_tls(data):
+            # Not TLS: HTTP inside the tunnel is checked request by request as before;
+            # anything else is mitmproxy's (raw TCP to the checked address, or refused).
+            # Either way mitmproxy's connect takes the connection dialled at CONNECT.
+            if tunnel is not None:
+                tunnel.decided = True
+            return
+        try:
+            hello = clienthello.parse_records(data)
+        except clienthello.HelloError:
+            hello = clienthello.Hello(clienthello.INVALID)
+        if hello is None:
+            # Incomplete: mitmproxy's NextLayer would stack TLS layers on the first bytes.
+            raise exceptions.AddonHalt
+        if tunnel is None:
+            await self._open_transparent_tls(nextlayer, hello.server_name)
+        else:
+            self._decide_connect_tls(nextlayer, tunnel, hello.server_name)
+
+    def _decide_connect_tls(self, nextlayer: layer.NextLayer, tunnel: Tunnel, server_name: str | None) -> None:
+        context = nextlayer.context
+        client = _client_label(context.client)
+        tunnel.decided = True
+        # A ClientHello without server_name keeps the CONNECT host; one that names
+        # anything else, or names nothing valid, is refused.
+        if server_name is not None and server_name != tunnel.host:
             tunnel.blocked = policy.HOST_MISMATCH
-            # Neither intercept nor forward: server_connect refuses, the client sees a close.
-            data.ignore_connection = True
-            decision = policy.with_reason(self.checker.spec_for(data.context.client.id), tunnel.decision, policy.HOST_MISMATCH)
+            tunnel.release()  # not a byte was sent to it
+            nextlayer.layer = RefuseLayer(context)
+            decision = policy.with_reason(self.checker.spec_for(context.client.id), tunnel.decision, policy.HOST_MISMATCH)
             self.log.record(decision, client=client, port=tunnel.port, method="TLS", kind="tunnel")
             return
-        if not tunnel.decision.transform:
-            data.ignore_connection = True
-            self.log.record(tunnel.decision, client=client, port=tunnel.port, method="CONNECT", kind="tunnel")
+        if tunnel.decision.transform:
+            return  # intercepted: mitmproxy's TLS layers come next
+        self.log.record(tunnel.decision, client=client, port=tunnel.port, method="CONNECT", kind="tunnel")
+        self._pass_through(nextlayer, tunnel, "CONNECT")
 
-    async def _open_transparent_tls(self, data: tls.ClientHelloData) -> None:
+    async def _open_transparent_tls(self, nextlayer: layer.NextLayer, server_name: str | None) -> None:
         """Check the SNI of a redirected TLS connection and make it the connection's destination."""
-        client, server = data.context.client, data.context.server
+        context = nextlayer.context
+        client, server = context.client, context.server
         if server.address is None:  # fail closed (internal_error): redirected TCP always has one
             raise RuntimeError("transparent connection without its original destination")
         _, port = server.address
-        sni = data.client_hello.sni
-        if sni:
-            decision, address = await self.checker.check(sni, port, client.id)
-        else:
+        if server_name is None or server_name == clienthello.INVALID:
             decision, address = policy.unnamed(policy.NO_SNI), None
+        else:
+            decision, address = await self.checker.check(server_name, port, client.id)
         state = self._state(client)
-        state.tunnel = Tunnel(decision.host, port, decision)
+        state.tunnel = tunnel = Tunnel(decision.host, port, decision, decided=True)
         if not decision.allowed:
-            state.tunnel.blocked = decision.reason
-            data.ignore_connection = True  # server_connect refuses: the client sees a close
+            tunnel.blocked = decision.reason
+            nextlayer.layer = RefuseLayer(context)
             self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
             return
         state.pin(decision.host, port, address)
@@ -219,9 +312,60 @@ class DestinationGuard:
         # address the client connected to: SNI `allowed.test` sent to another IP reaches
         # allowed.test. The upstream TLS handshake still uses the client's SNI.
         server.address = (decision.host, port)
-        if not decision.transform:
+        if decision.transform:
+            return
+        if can_take_over(context):
+            try:
+                tunnel.upstream = await _dial(address, port)
+            except upstream.DialFailed as failure:
+                # No CONNECT to answer: closed as before, but counted and logged.
+                tunnel.blocked = failure.reason
+                nextlayer.layer = RefuseLayer(context)
+                self.log.record(
+                    decision, client=_client_label(client), port=port, method="TLS", kind="tunnel", error=failure.reason
+                )  # fmt: skip
+                return
+        self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
+        self._pass_through(nextlayer, tunnel, "TLS")
+
+    def _pass_through(self, nextlayer: layer.NextLayer, tunnel: Tunnel, method: str) -> None:
+        context = nextlayer.context
+        if tunnel.upstream is None or not can_take_over(context):
+            # TLS to the proxy itself (or another transport mitmproxy owns): relay inside
+            # mitmproxy; its upstream connection is the pinned address (server_connect),
+            # over the connection dialled at CONNECT where there is one.
+            nextlayer.layer = layers.TCPLayer(context, ignore=True)
+            return
+        side, tunnel.upstream = tunnel.upstream, None
+        client = _client_label(context.client)
+
+        def closed(bytes_up: int, bytes_down: int) -> None:
+            self.log.closed(
+                tunnel.decision, client=client, port=tunnel.port, method=method, bytes_up=bytes_up, bytes_down=bytes_down
+            )
+
+        nextlayer.layer = RelayLayer(context, side, closed)
+
+    async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        state = self.clients.get(data.context.client.id)
+        tunnel = state.tunnel if state else None
+        if tunnel is None and not _transparent(data.context.client):
+            return  # TLS to the proxy itself, before any CONNECT
+        if tunnel is None or not tunnel.decided:
+            # Every tunnel's TLS is decided in next_layer first; anything else is refused.
+            if tunnel is not None:
+                tunnel.blocked = policy.INTERNAL_ERROR
             data.ignore_connection = True
-            self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
+            data.context.server.error = "egress: TLS connection was not checked"
+            logger.warning("refused a TLS connection that was not checked before its handshake")
+            return
+        sni = data.client_hello.sni
+        if sni is not None and _normalized(sni) != tunnel.host:
+            tunnel.blocked = policy.HOST_MISMATCH
+            # Neither intercept nor forward: server_connect refuses, the client sees a close.
+            data.ignore_connection = True
+            decision = policy.with_reason(self.checker.spec_for(data.context.client.id), tunnel.decision, policy.HOST_MISMATCH)
+            self.log.record(decision, client=_client_label(data.context.client), port=tunnel.port, method="TLS", kind="tunnel")
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         state = self.clients.get(data.client.id)
@@ -242,6 +386,13 @@ class DestinationGuard:
         else:
             self._dialing[data.server.id] = (host, port)
             data.server.address = (str(address), port)
+            tunnel = state.tunnel if state else None
+            if tunnel is not None and tunnel.upstream is not None and (normalized, port) == (tunnel.host, tunnel.port):
+                if data.server.error:
+                    tunnel.release()  # another addon refused this connect
+                else:
+                    hand_to_mitmproxy(tunnel.upstream)  # the connection dialled at CONNECT
+                tunnel.upstream = None
 
     def _restore_address(self, data: server_hooks.ServerConnectionHookData) -> None:
         # mitmproxy reuses upstream connections by comparing addresses with the requested
@@ -257,4 +408,6 @@ class DestinationGuard:
     server_connect_error = _restore_address
 
     def client_disconnected(self, client: connection.Client) -> None:
-        self.clients.pop(client.id, None)
+        state = self.clients.pop(client.id, None)
+        if state is not None and state.tunnel is not None:
+            state.tunnel.release()

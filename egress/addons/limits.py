@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass
 
 from mitmproxy import connection, ctx, http, tls
-from mitmproxy.proxy import commands, events, mode_specs, server_hooks
+from mitmproxy.proxy import commands, events, layer, mode_specs, server_hooks
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
@@ -142,6 +142,13 @@ class ConnectionLimits:
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         slot = self.slots.get(data.context.client.id)
         if slot is not None and data.ignore_connection:  # passthrough: opaque from here on
+            slot.opaque = True
+            self._disarm(slot)
+
+    def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        # A tunnel handed to the relay (egress.addons.tunnel) never reaches tls_clienthello.
+        slot = self.slots.get(nextlayer.context.client.id)
+        if slot is not None and getattr(nextlayer.layer, "opaque", False):
             slot.opaque = True
             self._disarm(slot)
 

@@ -80,6 +80,7 @@ def main() -> int:
     parser.add_argument("--path", default="/")
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--send", default="")
+    parser.add_argument("--send-hex", default="", help="raw: bytes to send, hex-encoded (e.g. a handcrafted ClientHello)")
     args = parser.parse_args()
     try:
         if args.kind == "udp":
@@ -99,7 +100,7 @@ def main() -> int:
         else:
             sock = socket.create_connection((args.address, args.port), timeout=TIMEOUT)
             if args.kind == "raw":
-                sock.sendall(args.send.encode())
+                sock.sendall(bytes.fromhex(args.send_hex) if args.send_hex else args.send.encode())
                 data, closed = _read_all(sock)
                 result = {"received": data.decode("utf-8", "replace"), "closed": closed}
             elif args.kind == "http":

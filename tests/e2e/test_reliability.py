@@ -393,7 +393,7 @@ def test_internal_error_fails_closed(lab, faults):
         [
             "DestinationGuard.requestheaders@plain.test",
             "DestinationGuard.http_connect@passthrough.test",
-            "DestinationGuard.tls_clienthello@a.example.test",
+            "DestinationGuard.next_layer@a.example.test",  # the passthrough decision (issue 12)
             "DestinationGuard.server_connect@other.test",
             "CredentialInjector.requestheaders@stall-tls.example.test",
         ]
@@ -423,11 +423,11 @@ def test_internal_error_fails_closed(lab, faults):
         assert status == 200
         counted = {
             hook: metric(proxy, f'egress_internal_errors_total{{hook="{hook}"}}')
-            for hook in ("requestheaders", "http_connect", "tls_clienthello", "server_connect")
+            for hook in ("requestheaders", "http_connect", "next_layer", "server_connect")
         }
     finally:
         proxy.stop()
-    assert counted == {"requestheaders": 2, "http_connect": 1, "tls_clienthello": 1, "server_connect": 1}
+    assert counted == {"requestheaders": 2, "http_connect": 1, "next_layer": 1, "server_connect": 1}
     lines = [line for line in proxy.stdout().splitlines() if "internal error in" in line]  # mitmproxy logs on stdout
     assert len(lines) == 5, lines  # once per failure
     assert any("DestinationGuard.requestheaders (InjectedFault at" in line and "host=plain.test" in line for line in lines)

@@ -13,6 +13,7 @@ import re
 import uuid
 
 import pytest
+from tls_hello import hello_body, records, sni_extension
 
 from e2e.lab import HOSTS, Lab
 from e2e.transparent_lab import RESOLVER_V4, RESOLVER_V6, Sandbox
@@ -143,7 +144,7 @@ def test_passthrough_is_not_intercepted(lab: Lab, sandbox: Sandbox):
         answer["issuer"] == "egress test upstream CA"
     )  # the upstream's own certificate
     assert reached(lab, path) == [HOSTS["a.example.test"]]
-    entry = [e for e in sandbox.proxy.audit() if e["host"] == "a.example.test"][-1]
+    entry = [e for e in sandbox.proxy.audit() if e["host"] == "a.example.test" and e["event"] == "tunnel"][-1]
     assert (entry["decision"], entry["method"], entry["event"]) == (
         "allowed",
         "TLS",
@@ -269,6 +270,45 @@ def test_no_sni_is_closed_and_counted(lab: Lab, sandbox: Sandbox):
         )
         == before + 1
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [b"a.example.test@127.0.0.1", b"127.0.0.1:80;a.example.test:80", b"a.example.test%00", b"a.example.test\x00", b""],
+    ids=repr,
+)
+def test_invalid_server_name_is_no_sni(lab: Lab, sandbox: Sandbox, name: bytes):
+    """A raw ClientHello whose server_name is no host name names no destination (issue 12)."""
+    before = metric(sandbox.proxy, "egress_requests_total", decision="blocked", reason="no_sni", rule="")
+    seen = len(sandbox.proxy.audit())
+    hello = records(hello_body(sni_extension(name)))
+    answer = sandbox.client("raw", ATTACKER, "443", "--send-hex", hello.hex())
+    assert answer["closed"] and answer["received"] == "", answer
+    [entry] = [e for e in audit_since(sandbox.proxy, seen) if e["reason"] == "no_sni"]
+    assert (entry["host"], entry["decision"], entry["method"]) == ("", "blocked", "TLS")
+    assert metric(sandbox.proxy, "egress_requests_total", decision="blocked", reason="no_sni", rule="") == before + 1
+
+
+def test_raw_hello_with_valid_name_is_relayed_to_the_named_host(lab: Lab, sandbox: Sandbox):
+    """Sent to the attacker's address, relayed to a.example.test, whose TLS server answers."""
+    seen = len(sandbox.proxy.audit())
+    hello = records(hello_body(sni_extension(b"A.Example.Test.")))
+    answer = sandbox.client("raw", ATTACKER, "443", "--send-hex", hello.hex())
+    assert answer["received"] != "", answer  # the upstream's ServerHello (or alert)
+    entries = [e for e in audit_since(sandbox.proxy, seen) if e["event"] == "tunnel"]
+    assert [(e["host"], e["decision"], e["method"]) for e in entries] == [("a.example.test", "allowed", "TLS")]
+
+
+def test_unreachable_upstream_is_closed_and_counted(lab: Lab, sandbox: Sandbox):
+    """No CONNECT to answer: the connection is closed, counted and logged with the reason."""
+    before = metric(sandbox.proxy, "egress_upstream_errors_total", reason="upstream_refused")
+    seen = len(sandbox.proxy.audit())
+    hello = records(hello_body(sni_extension(b"a.example.test")))
+    answer = sandbox.client("raw", ATTACKER, "9", "--send-hex", hello.hex())  # nothing listens on :9
+    assert answer["closed"] and answer["received"] == "", answer
+    assert metric(sandbox.proxy, "egress_upstream_errors_total", reason="upstream_refused") == before + 1
+    [entry] = [e for e in audit_since(sandbox.proxy, seen) if e.get("error")]
+    assert (entry["host"], entry["port"], entry["error"]) == ("a.example.test", 9, "upstream_refused")
 
 
 # -- plain HTTP: the name comes from the Host header ------------------------------------

@@ -8,12 +8,13 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from mitmproxy import options, tls
-from mitmproxy.proxy import context, server_hooks
+from mitmproxy import exceptions, options, tls
+from mitmproxy.proxy import context, layer, server_hooks
 from mitmproxy.test import tflow
 from mitmproxy.test.tflow import tclient_conn, tserver_conn
 
 from egress.addons import failsafe
+from egress.addons.tunnel import RefuseLayer
 
 
 class Broken:
@@ -112,3 +113,36 @@ def test_test_fault_only_when_set(monkeypatch):
     addon.requestheaders(flow)
     assert flow.response.status_code == 403
 
+
+
+class Deciding:
+    """next_layer hooks: one that fails, one that asks mitmproxy to wait for more bytes."""
+
+    async def next_layer(self, nextlayer):
+        if nextlayer.context.server.address[0] == "wait.test":
+            raise exceptions.AddonHalt
+        raise RuntimeError("boom")
+
+
+def _nextlayer(host: str) -> layer.NextLayer:
+    ctx = context.Context(tclient_conn(), options.Options())
+    ctx.server.address = (host, 443)
+    return layer.NextLayer(ctx)
+
+
+def test_next_layer_refuses_the_tunnel():
+    addon = failsafe.fail_closed(Deciding())
+    nextlayer = _nextlayer("a.example.test")
+    before = errors("next_layer")
+    asyncio.run(addon.next_layer(nextlayer))
+    assert isinstance(nextlayer.layer, RefuseLayer)  # closes the client; nothing is stacked
+    assert errors("next_layer") == before + 1
+
+
+def test_addon_halt_is_not_an_error():
+    addon = failsafe.fail_closed(Deciding())
+    nextlayer = _nextlayer("wait.test")
+    before = errors("next_layer")
+    with pytest.raises(exceptions.AddonHalt):
+        asyncio.run(addon.next_layer(nextlayer))
+    assert nextlayer.layer is None and errors("next_layer") == before

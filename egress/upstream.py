@@ -1,0 +1,55 @@
+"""Dial a checked upstream address before a tunnel is answered (CONNECT `200`).
+
+squid, smokescreen and Envoy answer a CONNECT whose upstream cannot be reached
+with an error the client can read; answering `200` and then resetting the tunnel
+leaves the agent with a TLS error. The address dialled is the one the
+destination check returned; nothing here resolves a name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+
+from egress.addresses import IPAddress
+from egress.relay import Side
+
+UPSTREAM_REFUSED = "upstream_refused"
+UPSTREAM_UNREACHABLE = "upstream_unreachable"
+UPSTREAM_TIMEOUT = "upstream_timeout"
+REASONS = (UPSTREAM_REFUSED, UPSTREAM_UNREACHABLE, UPSTREAM_TIMEOUT)
+STATUS = {UPSTREAM_REFUSED: 502, UPSTREAM_UNREACHABLE: 502, UPSTREAM_TIMEOUT: 504}
+_REFUSED_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE}
+
+
+class DialFailed(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Reason code for an exception raised while connecting."""
+    if isinstance(exc, TimeoutError):
+        return UPSTREAM_TIMEOUT
+    if isinstance(exc, ConnectionError) or getattr(exc, "errno", None) in _REFUSED_ERRNOS:
+        return UPSTREAM_REFUSED
+    return UPSTREAM_UNREACHABLE  # EHOSTUNREACH, ENETUNREACH, EADDRNOTAVAIL, ...
+
+
+def failure_body(reason: str, host: str) -> bytes:
+    return json.dumps({"error": "upstream_failed", "reason": reason, "host": host[:255]}).encode()
+
+
+async def dial(address: IPAddress, port: int, timeout: float | None) -> Side:
+    """Connect to exactly `address`; the returned side is paused until a relay takes it."""
+    loop = asyncio.get_running_loop()
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        async with asyncio.timeout(timeout or None):
+            _, side = await loop.create_connection(Side, str(address), port, family=family)
+    except (OSError, TimeoutError) as exc:
+        raise DialFailed(failure_reason(exc)) from None
+    return side
