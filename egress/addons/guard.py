@@ -307,7 +307,7 @@ class DestinationGuard:
             nextlayer.layer = RefuseLayer(context)
             self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
             return
-        state.pin(decision.host, port, address)
+        address = state.pin(decision.host, port, address)
         # From here on the destination is the name (and its checked address), never the
         # address the client connected to: SNI `allowed.test` sent to another IP reaches
         # allowed.test. The upstream TLS handshake still uses the client's SNI.
