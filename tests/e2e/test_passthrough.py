@@ -179,7 +179,7 @@ REFUSED_EXTENSIONS = [
 
 def _refused(lab, proxy, recorder, hello: bytes) -> None:
     before_conns = len(recorder.connections)
-    before = metric(proxy, 'egress_requests_total{decision="blocked",reason="host_mismatch"')
+    before = metric(proxy, 'egress_requests_total{decision="blocked",environment="",reason="host_mismatch"')
     sock, answer = _connect(lab, proxy, "passthrough.test", RECORDER_PORT)
     try:
         assert answer.startswith(b"HTTP/1.1 200"), answer
@@ -190,7 +190,7 @@ def _refused(lab, proxy, recorder, hello: bytes) -> None:
     # The upstream was dialled at CONNECT, then closed without a byte.
     assert wait_for(lambda: recorder.finished >= before_conns + 1, 5)
     assert [bytes(c) for c in recorder.connections[before_conns:]] == [b""]
-    assert metric(proxy, 'egress_requests_total{decision="blocked",reason="host_mismatch"') == before + 1
+    assert metric(proxy, 'egress_requests_total{decision="blocked",environment="",reason="host_mismatch"') == before + 1
 
 
 @pytest.mark.parametrize("name", REFUSED_NAMES, ids=repr)
