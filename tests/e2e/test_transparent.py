@@ -279,14 +279,14 @@ def test_no_sni_is_closed_and_counted(lab: Lab, sandbox: Sandbox):
 )
 def test_invalid_server_name_is_no_sni(lab: Lab, sandbox: Sandbox, name: bytes):
     """A raw ClientHello whose server_name is no host name names no destination (issue 12)."""
-    before = metric(sandbox.proxy, "egress_requests_total", decision="blocked", reason="no_sni", rule="")
+    before = metric(sandbox.proxy, "egress_requests_total", decision="blocked", reason="no_sni", rule="", environment="")
     seen = len(sandbox.proxy.audit())
     hello = records(hello_body(sni_extension(name)))
     answer = sandbox.client("raw", ATTACKER, "443", "--send-hex", hello.hex())
     assert answer["closed"] and answer["received"] == "", answer
     [entry] = [e for e in audit_since(sandbox.proxy, seen) if e["reason"] == "no_sni"]
     assert (entry["host"], entry["decision"], entry["method"]) == ("", "blocked", "TLS")
-    assert metric(sandbox.proxy, "egress_requests_total", decision="blocked", reason="no_sni", rule="") == before + 1
+    assert metric(sandbox.proxy, "egress_requests_total", decision="blocked", reason="no_sni", rule="", environment="") == before + 1
 
 
 def test_raw_hello_with_valid_name_is_relayed_to_the_named_host(lab: Lab, sandbox: Sandbox):
