@@ -62,6 +62,10 @@ async def dial(
         raise DialFailed(exc.reason, exc.detail) from None
     except (OSError, TimeoutError) as exc:
         reason = failure_reason(exc)
-        where = f"parent proxy {parent.label}: " if parent is not None else ""
-        raise DialFailed(reason, f"{where}{reason} ({type(exc).__name__})") from None
+        detail = ""
+        if parent is not None and isinstance(exc, TimeoutError):
+            detail = f"parent proxy {parent.label}: no tunnel within --connect-timeout"
+        elif parent is not None:
+            detail = f"parent proxy {parent.label} cannot be reached ({type(exc).__name__})"
+        raise DialFailed(reason, detail) from None
     return side
