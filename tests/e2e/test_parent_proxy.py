@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from e2e.clients import assert_denied, curl
-from e2e.lab import HOSTS, Lab, _terminate, in_netns, raw_request, run
+from e2e.lab import HOSTS, UPSTREAM_V4, Lab, _terminate, in_netns, raw_request, run
 
 SQUID = "/usr/sbin/squid"
 NCSA = "/usr/lib/squid/basic_ncsa_auth"
@@ -41,8 +41,9 @@ network:
 
 
 class Squid:
-    def __init__(self, lab: Lab):
+    def __init__(self, lab: Lab, netns: str, listen: str = "127.0.0.1", client: str = "127.0.0.1", source: str = SQUID_SOURCE):
         self.lab = lab
+        self.netns, self.listen, self.client, self.source = netns, listen, client, source
         self.port = lab.free_port()
         # squid drops to user `proxy`, which cannot enter pytest's 0700 temporary directories.
         self.dir = Path(tempfile.mkdtemp(prefix="egress-squid-"))
@@ -53,7 +54,7 @@ class Squid:
         (self.dir / "htpasswd").write_text(f"{USER}:{hashed}\n")
         (self.dir / "squid.conf").write_text(
             f"""
-http_port 127.0.0.1:{self.port}
+http_port {self.listen}:{self.port}
 pid_filename none
 cache_log {self.dir}/cache.log
 logformat egress %>a %rm %ru %>Hs %un
@@ -68,28 +69,30 @@ shutdown_lifetime 0 seconds
 cache_effective_user proxy
 auth_param basic program {NCSA} {self.dir}/htpasswd
 auth_param basic realm parent
-acl lab src 127.0.0.1/32
+acl lab src {self.client}/32
 acl authed proxy_auth REQUIRED
 http_access allow lab authed
 http_access deny all
-tcp_outgoing_address {SQUID_SOURCE}
+tcp_outgoing_address {self.source}
 """
         )
         shutil.chown(self.dir, "proxy")
         for path in self.dir.iterdir():
             shutil.chown(path, "proxy")
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.lab.proxy_ns, SQUID, "-N", "-f", str(self.dir / "squid.conf")],
+            ["ip", "netns", "exec", self.netns, SQUID, "-N", "-f", str(self.dir / "squid.conf")],
             stdout=(self.dir / "stdout").open("w"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"squid exited: {(self.dir / 'stdout').read_text()[-2000:]}")
-            with in_netns(self.lab.proxy_ns):
+                cache_log = self.dir / "cache.log"
+                detail = cache_log.read_text()[-2000:] if cache_log.exists() else ""
+                raise RuntimeError(f"squid exited: {(self.dir / 'stdout').read_text()[-2000:]}{detail}")
+            with in_netns(self.netns):
                 sock = socket.socket()
             try:
-                sock.connect(("127.0.0.1", self.port))
+                sock.connect((self.listen, self.port))
                 return
             except OSError:
                 time.sleep(0.1)
@@ -105,7 +108,8 @@ tcp_outgoing_address {SQUID_SOURCE}
         return [line.split() for line in self.access_log.read_text().splitlines() if line.strip()]
 
     def stop(self) -> None:
-        _terminate(self.proc)
+        if hasattr(self, "proc"):
+            _terminate(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -114,7 +118,7 @@ def squid(lab: Lab):
     if not Path(SQUID).exists() or not Path(NCSA).exists() or shutil.which("openssl") is None:
         pytest.fail(f"these tests need squid ({SQUID}, {NCSA}; Debian package squid) and openssl")
     run(["ip", "netns", "exec", lab.proxy_ns, "ip", "addr", "add", f"{SQUID_SOURCE}/24", "dev", f"vp{lab.id}"], check=False)
-    parent = Squid(lab)
+    parent = Squid(lab, lab.proxy_ns)
     parent.start()
     yield parent
     parent.stop()
@@ -248,3 +252,58 @@ def test_wrong_parent_credentials_are_a_clear_error(lab, squid, tmp_path):
 def test_the_password_is_not_on_the_command_line(lab, chained):
     cmdline = Path(f"/proc/{chained.proc.pid}/cmdline").read_bytes().decode()
     assert "${file:" in cmdline and PASSWORD not in cmdline
+
+
+# -- transparent mode: the sandbox's redirected connections leave through the parent too --
+#
+# The sidecar's rules redirect every TCP connection of the sandbox namespace except the
+# proxy's own (uid 0), so the parent cannot run there as `proxy`: it runs in the upstream
+# namespace on the sandbox's gateway address, and connects out from 198.18.0.2 (the
+# sandbox itself is 198.18.1.1, so the upstream's `peer` tells the two apart).
+
+
+@pytest.fixture(scope="module")
+def transparent_chained(lab: Lab, password_file: Path):
+    from e2e.transparent_lab import SANDBOX_GW_V4, SANDBOX_V4, Sandbox
+
+    parent = Squid(lab, lab.upstream_ns, listen=SANDBOX_GW_V4, client=SANDBOX_V4, source=UPSTREAM_V4)
+    box = Sandbox(lab)
+    try:
+        box.start()  # first: it makes the gateway address the parent listens on
+        parent.start()
+        proxy = box.start_proxy(
+            SPEC,
+            extra=("--upstream-proxy", f"http://{SANDBOX_GW_V4}:{parent.port}",
+                   "--upstream-proxy-auth", f"{USER}:${{file:{password_file}}}"),
+        )  # fmt: skip
+        applied = box.redirect_rules("--proxy-port", str(proxy.port), "--proxy-uid", "0", "--apply")
+        assert applied.returncode == 0, applied.stderr
+        yield box, parent
+    finally:
+        box.stop()
+        parent.stop()
+    assert PASSWORD not in proxy.stdout() + proxy.stderr()
+
+
+def test_transparent_mode_goes_through_the_parent(lab, transparent_chained):
+    box, parent = transparent_chained
+    status, _, body = box.curl("https://api.example.test/transparent-parent-inject")
+    assert status == 200, body
+    hit = _last_hit(lab, "api.example.test", "/transparent-parent-inject")
+    assert hit["peer"] == UPSTREAM_V4
+    assert ["Authorization", "Bearer parent-test-token"] in hit["headers"]
+    answer = box.client(
+        "https", "passthrough.test", "443", "--sni", "passthrough.test", "--ca", box.ca_bundle,
+        "--path", "/transparent-parent-pt",
+    )  # fmt: skip
+    assert answer.get("status") == 200 and answer["issuer"] == "egress test upstream CA", answer
+    assert _last_hit(lab, "passthrough.test", "/transparent-parent-pt")["peer"] == UPSTREAM_V4
+    status, _, body = box.curl("http://plain.test/transparent-parent-plain")
+    assert status == 200, body
+    assert _last_hit(lab, "plain.test", "/transparent-parent-plain")["peer"] == UPSTREAM_V4
+    targets = [line[2] for line in parent.log() if line[1] == "CONNECT" and line[3] == "200" and line[4] == USER]
+    assert {"198.18.0.10:443", "198.18.0.17:443", "198.18.0.16:80"} <= set(targets)
+    before = parent.log()
+    status, _, _ = box.curl("https://sneaky.test/")  # allowlisted, resolves to loopback: closed
+    assert status == 0
+    assert parent.log() == before
