@@ -18,6 +18,9 @@ Hook by hook:
 - `server_connect`   dial only the address that was checked for this client and
                      destination (for a CONNECT tunnel: take over the connection
                      dialled at CONNECT); anything else is refused (fail closed).
+With `--upstream-proxy` every dial above (ours and mitmproxy's own, see
+`egress.addons.tunnel`) is a `CONNECT <checked-ip>:<port>` through the parent
+(`egress.parent_proxy`); nothing else here changes.
 Policy lives in `egress.policy` / `egress.destinations`; this file only wires it in.
 """
 

@@ -307,3 +307,33 @@ def test_transparent_mode_goes_through_the_parent(lab, transparent_chained):
     status, _, _ = box.curl("https://sneaky.test/")  # allowlisted, resolves to loopback: closed
     assert status == 0
     assert parent.log() == before
+
+
+def test_gateway_client_token_never_reaches_the_parent_or_the_destination(lab, squid, password_file):
+    token = "gw-token-5b1e07c9"
+    spec_dir = lab.dir / "parent-gateway"
+    spec_dir.mkdir()
+    (spec_dir / "team-a.yaml").write_text(SPEC.replace("network:\n", f"network:\n  proxyToken: {token}\n", 1))
+    proxy = lab.start_proxy(
+        None,
+        "--upstream-proxy", f"http://127.0.0.1:{squid.port}",
+        "--upstream-proxy-auth", f"{USER}:${{file:{password_file}}}",
+        spec_dir=spec_dir,
+    )  # fmt: skip
+    try:
+        status, _, body = curl(lab, proxy, "http://plain.test/gateway-parent-plain", "--proxy-user", f"team-a:{token}")
+        assert status == 200, body
+        status, _, body = curl(lab, proxy, "https://api.example.test/gateway-parent-tls", "--proxy-user", f"team-a:{token}")
+        assert status == 200, body
+        for path, host in (("/gateway-parent-plain", "plain.test"), ("/gateway-parent-tls", "api.example.test")):
+            hit = _last_hit(lab, host, path)
+            assert hit["peer"] == SQUID_SOURCE
+            assert token not in json.dumps(hit["headers"])
+            assert "proxy-authorization" not in {k.lower() for k, _ in hit["headers"]}
+        # squid authenticated our credentials, not the sandbox's
+        assert _connects(squid, "198.18.0.16:80")[-1][3:] == ["200", USER]
+        assert "team-a" not in squid.access_log.read_text()
+    finally:
+        proxy.stop()
+    assert PASSWORD not in proxy.stdout() + proxy.stderr()
+    assert token not in proxy.stdout() + proxy.stderr()
