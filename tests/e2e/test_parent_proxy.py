@@ -28,8 +28,9 @@ SQUID_SOURCE = "198.18.0.3"
 USER, PASSWORD = "egress", "parent-pw-7Qx9"
 SPEC = """
 network:
-  allowCidrs: ["198.18.0.0/15"]
+  allowCidrs: ["198.18.0.0/15", "2001:2::/48"]
   allowlist:
+    - domain: v6only.test
     - domain: api.example.test
       transform:
         Authorization: "Bearer parent-test-token"
@@ -171,6 +172,13 @@ def test_passthrough_https_goes_through_the_parent_to_the_checked_ip(lab, squid,
     assert hit["peer"] == SQUID_SOURCE  # not 198.18.0.1: the proxy did not connect itself
     assert _connects(squid, "198.18.0.17:443")[-1][3:] == ["200", USER]
     assert not [line for line in squid.log() if "passthrough.test" in line[2]]  # asked for the IP, never the name
+
+
+def test_ipv6_destination_is_asked_for_in_brackets(lab, squid, chained):
+    status, _, body = curl(lab, chained, "https://v6only.test/via-parent-v6")
+    assert status == 200, body
+    assert _last_hit(lab, "v6only.test", "/via-parent-v6")["local"] == "2001:2::10"
+    assert _connects(squid, "[2001:2::10]:443")[-1][3:] == ["200", USER]
 
 
 def test_intercepted_https_with_injection_through_the_parent(lab, squid, chained):
