@@ -17,13 +17,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
+import logging
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from egress import secrets
 from egress.relay import Side
 
+logger = logging.getLogger(__name__)
 MAX_REPLY_HEAD = 16 * 1024
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})(?: [^\r\n]*)?")
 
@@ -41,18 +44,47 @@ class ParentReplyError(Exception):
         self.detail = detail
 
 
+class ParentCredentials:
+    """`--upstream-proxy-auth`: read at start (a bad reference stops the start), and read
+    again before each CONNECT when it names files, so a rotated secret file (a Kubernetes
+    Secret update) is used without a restart. If a later read fails, the last good value
+    is kept and the problem logged once."""
+
+    def __init__(self, reference: str, environ: Mapping[str, str] | None = None) -> None:
+        self._reference = reference
+        self._environ = environ
+        self._rereads = bool(secrets.referenced_files(reference))
+        self._value = _authorization(reference, environ)
+        self._problem = ""
+
+    def header(self) -> secrets.Secret:
+        """The `Proxy-Authorization` value to send now."""
+        if self._rereads:
+            try:
+                self._value = _authorization(self._reference, self._environ)
+                self._problem = ""
+            except ParentProxyError as exc:
+                if str(exc) != self._problem:
+                    self._problem = str(exc)
+                    logger.warning("%s; the parent proxy gets the credentials read before", exc)
+        return self._value
+
+    def __repr__(self) -> str:
+        return "<parent proxy credentials>"
+
+
 @dataclass(frozen=True)
 class ParentProxy:
     host: str  # name or IP literal (without brackets); chosen by the operator, not the sandbox
     port: int
-    authorization: secrets.Secret | None = None  # the whole `Proxy-Authorization` value
+    authorization: ParentCredentials | None = field(default=None, compare=False)
 
     @property
     def label(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-def parse(url: str, auth: str | None = None, environ=None) -> ParentProxy:
+def parse(url: str, auth: str | None = None, environ: Mapping[str, str] | None = None) -> ParentProxy:
     """`http://HOST:PORT` plus an optional `USER:PASSWORD` reference; raises ParentProxyError."""
     flag = "--upstream-proxy"
     try:
@@ -85,10 +117,10 @@ def parse(url: str, auth: str | None = None, environ=None) -> ParentProxy:
             ipaddress.IPv6Address(host)
         except ValueError:
             raise ParentProxyError(f"{flag} {_shown(url)}: {host!r} is not an IPv6 address") from None
-    return ParentProxy(host, port, _authorization(auth, environ) if auth is not None else None)
+    return ParentProxy(host, port, ParentCredentials(auth, environ) if auth is not None else None)
 
 
-def _authorization(reference: str, environ) -> secrets.Secret:
+def _authorization(reference: str, environ: Mapping[str, str] | None) -> secrets.Secret:
     flag = "--upstream-proxy-auth"
     if "${" not in reference.replace("$${", ""):
         raise ParentProxyError(
@@ -200,7 +232,8 @@ async def open_tunnel(parent: ParentProxy, address: str, port: int) -> Side:
         transport = side.transport
         if transport is None:  # create_connection always calls connection_made first
             raise ConnectionResetError("parent proxy connection has no transport")
-        transport.write(connect_request(address, port, parent.authorization))
+        credentials = parent.authorization.header() if parent.authorization is not None else None
+        transport.write(connect_request(address, port, credentials))
         transport.resume_reading()
         await side.reply
         transport.pause_reading()

@@ -59,10 +59,26 @@ def test_credentials_by_reference(tmp_path):
     secret_file.write_text(PASSWORD + "\n")
     parent = parse("http://proxy:3128", f"alice:${{file:{secret_file}}}")
     assert parent.authorization is not None
-    assert parent.authorization.reveal() == "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+    assert parent.authorization.header().reveal() == "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
     assert PASSWORD not in repr(parent) and PASSWORD not in str(parent)
     from_env = parse("http://proxy:3128", "${env:PARENT_AUTH}", environ={"PARENT_AUTH": f"bob:{PASSWORD}"})
-    assert from_env.authorization.reveal() == "Basic " + base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
+    assert from_env.authorization.header().reveal() == "Basic " + base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
+
+
+def test_rotated_password_file_is_used_without_a_restart(tmp_path, caplog):
+    secret_file = tmp_path / "pw"
+    secret_file.write_text("first-password\n")
+    credentials = parse("http://proxy:3128", f"alice:${{file:{secret_file}}}").authorization
+    assert credentials.header().reveal() == "Basic " + base64.b64encode(b"alice:first-password").decode()
+    secret_file.write_text("second-password\n")
+    assert credentials.header().reveal() == "Basic " + base64.b64encode(b"alice:second-password").decode()
+    secret_file.unlink()  # a failed read keeps the last good value, logged once, never printed
+    assert credentials.header().reveal() == "Basic " + base64.b64encode(b"alice:second-password").decode()
+    assert credentials.header().reveal() == "Basic " + base64.b64encode(b"alice:second-password").decode()
+    warnings = [r.getMessage() for r in caplog.records if "credentials read before" in r.getMessage()]
+    assert len(warnings) == 1 and "file not found" in warnings[0]
+    assert "first-password" not in caplog.text and "second-password" not in caplog.text
+    assert "second-password" not in repr(credentials) + str(credentials)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +119,7 @@ def test_cli_errors_are_one_line_without_the_secret(tmp_path):
 
 
 def test_connect_request_names_the_checked_address():
-    auth = parse("http://p:1", "${env:A}", environ={"A": "u:p"}).authorization
+    auth = parse("http://p:1", "${env:A}", environ={"A": "u:p"}).authorization.header()
     assert parent_proxy.connect_request("198.18.0.10", 443, auth) == (
         b"CONNECT 198.18.0.10:443 HTTP/1.1\r\nHost: 198.18.0.10:443\r\nProxy-Authorization: Basic dTpw\r\n\r\n"
     )
