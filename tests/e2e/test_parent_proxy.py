@@ -345,3 +345,18 @@ def test_gateway_client_token_never_reaches_the_parent_or_the_destination(lab, s
         proxy.stop()
     assert PASSWORD not in proxy.stdout() + proxy.stderr()
     assert token not in proxy.stdout() + proxy.stderr()
+
+
+def test_workers_all_go_through_the_parent(lab, squid, password_file):
+    proxy = lab.start_proxy(
+        SPEC, "--workers", "2",
+        "--upstream-proxy", f"http://127.0.0.1:{squid.port}", "--upstream-proxy-auth", f"{USER}:${{file:{password_file}}}",
+    )  # fmt: skip
+    try:
+        for i in range(6):  # spread over both workers by the kernel (SO_REUSEPORT)
+            status, _, body = curl(lab, proxy, f"http://plain.test/workers-parent-{i}")
+            assert status == 200, body
+            assert _last_hit(lab, "plain.test", f"/workers-parent-{i}")["peer"] == SQUID_SOURCE
+    finally:
+        proxy.stop()
+    assert PASSWORD not in proxy.stdout() + proxy.stderr()
