@@ -127,6 +127,16 @@ def _build_parser() -> argparse.ArgumentParser:
         help="answer DNS (UDP and TCP) here from the same spec: names not allowlisted get NXDOMAIN (default off)",
     )  # fmt: skip
     run.add_argument(
+        "--upstream-proxy", metavar="URL",
+        help="reach the internet through a parent proxy, http://HOST:PORT: every upstream connection is a "
+        "CONNECT to the checked IP address through it (default: connect directly)",
+    )  # fmt: skip
+    run.add_argument(
+        "--upstream-proxy-auth", metavar="REF",
+        help="credentials for the parent proxy by reference, e.g. 'USER:${file:/run/secrets/parent-password}' "
+        "or '${env:PARENT_AUTH}' (USER:PASSWORD); sent to the parent only, as Proxy-Authorization: Basic",
+    )  # fmt: skip
+    run.add_argument(
         "--workers", type=_workers, default=1, metavar="N",
         help="proxy processes sharing the listen port (SO_REUSEPORT), one CA and one /metrics (default 1)",
     )  # fmt: skip
@@ -256,6 +266,20 @@ def _upstream_bundle(confdir: Path, extra: str) -> str:
     return str(bundle)
 
 
+def _parent_proxy(args: argparse.Namespace):
+    """--upstream-proxy and --upstream-proxy-auth, checked before anything listens."""
+    from egress.parent_proxy import ParentProxyError, parse
+
+    if args.upstream_proxy is None:
+        if args.upstream_proxy_auth is not None:
+            raise UsageError("--upstream-proxy-auth needs --upstream-proxy")
+        return None
+    try:
+        return parse(args.upstream_proxy, args.upstream_proxy_auth)
+    except ParentProxyError as exc:
+        raise UsageError(str(exc)) from None
+
+
 async def _run(args: argparse.Namespace) -> int:
     from egress import metrics, workers
     from egress.addons.lifecycle import Readiness
@@ -289,6 +313,7 @@ async def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"--confdir {confdir}: cannot create ({exc.strerror})") from None
     upstream_ca = _upstream_bundle(confdir, args.upstream_ca) if args.upstream_ca else None
+    parent = _parent_proxy(args)
 
     if worker is None and args.workers > 1:
         describe = f"{args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}"
@@ -317,6 +342,7 @@ async def _run(args: argparse.Namespace) -> int:
             log=DecisionLog(args.log_format),
             readiness=readiness,
             dns_listen=dns_listen,
+            parent=parent,
         )
     except Exception as exc:  # mitmproxy reports bad option values as exceptions
         raise UsageError(f"--set: {exc}") from None
@@ -332,6 +358,7 @@ async def _run(args: argparse.Namespace) -> int:
     print(
         f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, "
         + (f"DNS on {args.dns_listen}, " if dns_listen else "")
+        + (f"through parent proxy {parent.label}{' (with credentials)' if parent.authorization else ''}, " if parent else "")
         + f"{loaded}\n"
         f"egress-proxy: CA certificate: {confdir / 'mitmproxy-ca-cert.pem'}",
         file=sys.stderr,

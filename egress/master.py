@@ -26,6 +26,7 @@ from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
 from egress.environments import EnvironmentRegistry
+from egress.parent_proxy import ParentProxy
 from egress.reload import SpecHolder
 from egress.resolver import LocalAddresses
 
@@ -42,6 +43,7 @@ def build_master(
     log: DecisionLog,
     readiness: Readiness,
     dns_listen: tuple[str, int] | None = None,
+    parent: ParentProxy | None = None,
 ) -> master.Master:
     opts = options.Options()
     m = master.Master(opts, with_termlog=True)
@@ -62,7 +64,7 @@ def build_master(
         # on the complete ClientHello before TLS layers are stacked (or waits for it).
         # The environment gate answers 407 before the guard decides anything.
         fail_closed(gate),
-        fail_closed(DestinationGuard(checker, log)),
+        fail_closed(DestinationGuard(checker, log, parent)),
         next_layer.NextLayer(),
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),

@@ -13,6 +13,7 @@ import errno
 import json
 import socket
 
+from egress import parent_proxy
 from egress.addresses import IPAddress
 from egress.relay import Side
 
@@ -25,9 +26,10 @@ _REFUSED_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, err
 
 
 class DialFailed(Exception):
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, detail: str = ""):
         super().__init__(reason)
         self.reason = reason
+        self.detail = detail  # for the proxy's own log (parent proxy answers); never sent to the client
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -43,13 +45,27 @@ def failure_body(reason: str, host: str) -> bytes:
     return json.dumps({"error": "upstream_failed", "reason": reason, "host": host[:255]}).encode()
 
 
-async def dial(address: IPAddress, port: int, timeout: float | None) -> Side:
-    """Connect to exactly `address`; the returned side is paused until a relay takes it."""
+async def dial(
+    address: IPAddress, port: int, timeout: float | None, parent: parent_proxy.ParentProxy | None = None
+) -> Side:
+    """Connect to exactly `address` (through `parent` with `CONNECT address:port` when one is
+    configured; the timeout then covers the parent's answer); the returned side is paused
+    until a relay takes it."""
     loop = asyncio.get_running_loop()
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
     try:
         async with asyncio.timeout(timeout or None):
+            if parent is not None:
+                return await parent_proxy.open_tunnel(parent, str(address), port)
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
             _, side = await loop.create_connection(Side, str(address), port, family=family)
+    except parent_proxy.ParentReplyError as exc:
+        raise DialFailed(exc.reason, exc.detail) from None
     except (OSError, TimeoutError) as exc:
-        raise DialFailed(failure_reason(exc)) from None
+        reason = failure_reason(exc)
+        detail = ""
+        if parent is not None and isinstance(exc, TimeoutError):
+            detail = f"parent proxy {parent.label}: no tunnel within --connect-timeout"
+        elif parent is not None:
+            detail = f"parent proxy {parent.label} cannot be reached ({type(exc).__name__})"
+        raise DialFailed(reason, detail) from None
     return side

@@ -18,6 +18,9 @@ Hook by hook:
 - `server_connect`   dial only the address that was checked for this client and
                      destination (for a CONNECT tunnel: take over the connection
                      dialled at CONNECT); anything else is refused (fail closed).
+With `--upstream-proxy` every dial above (ours and mitmproxy's own, see
+`egress.addons.tunnel`) is a `CONNECT <checked-ip>:<port>` through the parent
+(`egress.parent_proxy`); nothing else here changes.
 Policy lives in `egress.policy` / `egress.destinations`; this file only wires it in.
 """
 
@@ -43,6 +46,7 @@ from egress.addresses import IPAddress
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.domains import HostError, normalize_host
+from egress.parent_proxy import ParentProxy
 from egress.relay import Side
 
 logger = logging.getLogger(__name__)
@@ -95,17 +99,27 @@ def upstream_failed_response(reason: str, host: str) -> http.Response:
     )
 
 
-async def _dial(address: IPAddress, port: int) -> Side:
-    """Connect to the checked address within --connect-timeout; timed and counted."""
+async def _dial(address: IPAddress, port: int, parent: ParentProxy | None) -> Side:
+    """Connect to the checked address (through the parent proxy, if any) within
+    --connect-timeout; timed and counted."""
     started = time.monotonic()
     try:
-        side = await upstream.dial(address, port, ctx.options.egress_connect_timeout)
+        side = await upstream.dial(address, port, ctx.options.egress_connect_timeout, parent)
     except upstream.DialFailed as failure:
         metrics.UPSTREAM_ERRORS.labels(failure.reason).inc()
-        logger.info("upstream %s at CONNECT (port %s)", failure.reason, port)
+        log_dial_failure(failure, port, parent)
         raise
     metrics.UPSTREAM_CONNECT.observe(time.monotonic() - started)
     return side
+
+
+def log_dial_failure(failure: upstream.DialFailed, port: int, parent: ParentProxy | None) -> None:
+    # A parent that is down or refuses us is the operator's to fix: a warning, with what
+    # it answered. A destination that cannot be reached is the sandbox's business: info.
+    if parent is not None and failure.reason == upstream.UPSTREAM_REFUSED:
+        logger.warning("upstream %s at CONNECT (port %s): %s", failure.reason, port, failure.detail)
+    else:
+        logger.info("upstream %s at CONNECT (port %s)%s", failure.reason, port, f": {failure.detail}" if parent else "")
 
 
 def _client_label(client: connection.Client) -> str:
@@ -125,14 +139,15 @@ def _normalized(host: str) -> str | None:
 
 
 class DestinationGuard:
-    def __init__(self, checker: DestinationChecker, log: DecisionLog):
+    def __init__(self, checker: DestinationChecker, log: DecisionLog, parent: ParentProxy | None = None):
         self.checker = checker
         self.log = log
+        self.parent = parent  # --upstream-proxy: every upstream connection is a CONNECT through it
         self.clients: dict[str, ClientState] = {}
         self._dialing: dict[str, tuple[str, int]] = {}
 
     def load(self, loader) -> None:
-        install_connect_handoff()
+        install_connect_handoff(self.parent)
 
     def _state(self, client: connection.Client) -> ClientState:
         return self.clients.setdefault(client.id, ClientState())
@@ -153,7 +168,7 @@ class DestinationGuard:
         # Intercepted tunnels are dialled too (same answer); mitmproxy's own connect after
         # the client's handshake then takes this connection over (server_connect).
         try:
-            side = await _dial(address, port)
+            side = await _dial(address, port, self.parent)
         except upstream.DialFailed as failure:
             flow.response = upstream_failed_response(failure.reason, decision.host)
             self.log.record(
@@ -316,7 +331,7 @@ class DestinationGuard:
             return
         if can_take_over(context):
             try:
-                tunnel.upstream = await _dial(address, port)
+                tunnel.upstream = await _dial(address, port, self.parent)
             except upstream.DialFailed as failure:
                 # No CONNECT to answer: closed as before, but counted and logged.
                 tunnel.blocked = failure.reason

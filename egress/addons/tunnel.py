@@ -18,6 +18,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable
+from ipaddress import ip_address
 from typing import Any
 
 from mitmproxy import ctx
@@ -25,6 +26,8 @@ from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy import server as proxy_server
 from mitmproxy.proxy.context import Context
 
+from egress import metrics, upstream
+from egress.parent_proxy import ParentProxy
 from egress.relay import Relay, Side
 
 logger = logging.getLogger(__name__)
@@ -122,6 +125,7 @@ class RelayLayer(layer.Layer):
 # -- intercepted tunnels: mitmproxy's upstream connect uses the connection dialled at CONNECT --
 
 _handoffs: weakref.WeakKeyDictionary[asyncio.Task, Side] = weakref.WeakKeyDictionary()
+_parent: ParentProxy | None = None  # set by install_connect_handoff
 
 
 def hand_to_mitmproxy(side: Side) -> None:
@@ -141,13 +145,17 @@ async def _open_connection(host: str, port: int, **kwargs: Any):
     if side is None or transport is None or side.lost or side.eof or transport.is_closing():
         if side is not None:
             side.close()
-        return await asyncio.open_connection(host, port, **kwargs)
+        return await _connect(host, port, **kwargs)
     # A real connect always suspends; mitmproxy relies on that (with eager tasks, the
     # `ConnectionIO` it stores after starting this task would replace ours otherwise).
     await asyncio.sleep(0)
     if side.lost or side.eof or transport.is_closing():
-        return await asyncio.open_connection(host, port, **kwargs)
-    # What asyncio.open_connection builds, around the transport we already have.
+        return await _connect(host, port, **kwargs)
+    return _streams(side, transport)
+
+
+def _streams(side: Side, transport: asyncio.Transport):
+    """What asyncio.open_connection builds, around the transport we already have."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=2**16, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
@@ -159,6 +167,35 @@ async def _open_connection(host: str, port: int, **kwargs: Any):
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
+async def _connect(host: str, port: int, **kwargs: Any):
+    """mitmproxy's own upstream connect: direct, or a CONNECT through the parent proxy.
+
+    `host` is the address the guard's `server_connect` pinned (the checked IP); through a
+    parent it is what the parent is asked for, so plain HTTP and intercepted TLS take the
+    same path as a tunnel dialled at CONNECT. A failure is an OSError, which mitmproxy
+    answers with its 502 (the reason code in the message).
+    """
+    if _parent is None:
+        return await asyncio.open_connection(host, port, **kwargs)
+    try:
+        address = ip_address(host)
+    except ValueError:  # fail closed: through a parent we only ever ask for a checked address
+        raise OSError(f"egress: {host!r} is not a checked address") from None
+    try:
+        side = await upstream.dial(address, port, ctx.options.egress_connect_timeout, _parent)
+    except upstream.DialFailed as failure:
+        metrics.UPSTREAM_ERRORS.labels(failure.reason).inc()
+        if failure.reason == upstream.UPSTREAM_REFUSED:
+            logger.warning("upstream %s (port %s): %s", failure.reason, port, failure.detail)
+        else:
+            logger.info("upstream %s (port %s): %s", failure.reason, port, failure.detail)
+        raise OSError(f"egress: {failure.reason}") from None
+    # (the connect time is observed by egress.addons.observe, as for any mitmproxy connect)
+    if side.transport is None:  # create_connection always sets it
+        raise OSError("egress: parent proxy tunnel has no transport")
+    return _streams(side, side.transport)
+
+
 class _AsyncioWithHandoff:
     """`asyncio` as mitmproxy's proxy/server.py sees it, with `open_connection` replaced."""
 
@@ -168,12 +205,15 @@ class _AsyncioWithHandoff:
         return getattr(asyncio, name)
 
 
-def install_connect_handoff() -> None:
-    """Patch mitmproxy 12.3.1's `proxy/server.py` (module global `asyncio`), once.
+def install_connect_handoff(parent: ParentProxy | None = None) -> None:
+    """Patch mitmproxy 12.3.1's `proxy/server.py` (module global `asyncio`), once;
+    `parent` (--upstream-proxy) is where mitmproxy's own connects go.
 
     Without it an intercepted tunnel is connected twice: once at CONNECT (so that an
     unreachable upstream gets its 502/504 there) and again by mitmproxy after the
     client's handshake. tests/e2e/test_passthrough.py counts the SYNs.
     """
+    global _parent
+    _parent = parent
     if not isinstance(proxy_server.asyncio, _AsyncioWithHandoff):
         proxy_server.asyncio = _AsyncioWithHandoff()  # type: ignore[assignment]

@@ -143,11 +143,11 @@ class Sandbox:
         """A new namespace; tests/image/ names an existing one (a podman pod's) instead."""
         run(["ip", "netns", "add", self.proxy_ns])
 
-    def start_proxy(self, spec_text: str, env: dict | None = None) -> ProxyProcess:
+    def start_proxy(self, spec_text: str, env: dict | None = None, extra: tuple[str, ...] = ()) -> ProxyProcess:
         proxy = ProxyProcess(
             self,
             spec_text,
-            ["--upstream-ca", str(self.upstream_ca), "--mode", "transparent"],
+            ["--upstream-ca", str(self.upstream_ca), "--mode", "transparent", *extra],
             env=env,
             name="spec.yaml",
         )

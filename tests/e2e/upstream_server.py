@@ -47,6 +47,7 @@ def make_handler(log_path: str, static: str | None, scheme: str):
                 "time": time.time(),
                 "scheme": scheme,
                 "local": local,
+                "peer": self.client_address[0].removeprefix("::ffff:"),  # who connected (a parent proxy?)
                 "method": self.command,
                 "path": self.path,
                 "headers": [[k, v] for k, v in self.headers.items()],

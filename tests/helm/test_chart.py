@@ -428,6 +428,28 @@ def test_dns_disabled_falls_back_to_cluster_dns(render, tmp_path):
     assert "--dns-port" not in init["args"] and init["args"][init["args"].index("--dns") + 1] == "10.96.0.10"
 
 
+@pytest.mark.parametrize("pattern", ["gateway", "sidecar"])
+def test_parent_proxy_credentials_mounted_from_a_secret_never_in_args(render, helm, tmp_path, pattern):
+    parent = {"url": "http://proxy.corp.example:3128", "authSecretName": "corp-proxy", "authKey": "user-pass"}
+    values = write_values(tmp_path, "parent", {"proxy": {"upstreamProxy": parent}})
+    docs = render(CI_VALUES[pattern], values)
+    spec = pod_spec(one(docs, "Deployment"))
+    proxy = container(spec, "egress-proxy")
+    args = proxy["args"]
+    assert args[args.index("--upstream-proxy") + 1] == "http://proxy.corp.example:3128"
+    reference = args[args.index("--upstream-proxy-auth") + 1]
+    mount = next(m for m in proxy["volumeMounts"] if m["name"] == "parent-auth")
+    assert reference == f"${{file:{mount['mountPath']}/user-pass}}" and mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == "parent-auth")
+    assert volume["secret"]["secretName"] == "corp-proxy"
+    assert volume["secret"]["items"] == [{"key": "user-pass", "path": "user-pass"}]
+    for other in all_containers(spec):
+        if other["name"] != "egress-proxy":
+            assert "parent-auth" not in json.dumps(other.get("volumeMounts", []))
+    out = helm_template(helm, write_values(tmp_path, "orphan", {"proxy": {"upstreamProxy": {"authSecretName": "x"}}}))
+    assert out.returncode != 0 and "authSecretName needs proxy.upstreamProxy.url" in out.stderr, out.stderr
+
+
 def test_notes_give_the_sandbox_the_gateway_as_only_nameserver(helm, tmp_path):
     values = write_values(tmp_path, "ip", {"service": {"clusterIP": "10.96.200.53"}})
     out = subprocess.run(
@@ -514,6 +536,8 @@ BAD_VALUES = {
     "unknown CA source": ("ca.source", "vault"),
     "misspelt key": ("replicaCont", 3),
     "dns not an IP": ("sidecar.dnsServers", ["kube-dns.kube-system"]),
+    "parent proxy over https": ("proxy.upstreamProxy", {"url": "https://proxy.corp.example:3128"}),
+    "parent proxy with a password in the url": ("proxy.upstreamProxy", {"url": "http://u:pw@proxy.corp.example:3128"}),
 }
 
 

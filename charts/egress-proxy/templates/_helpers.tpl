@@ -133,6 +133,7 @@ the `${file:}` of its Secret's `proxyToken` key unless the spec sets one. Call w
 spec: /etc/egress-proxy/spec
 ca: /etc/egress-proxy/ca
 upstreamCA: /etc/egress-proxy/upstream-ca
+parentAuth: /etc/egress-proxy/parent-auth
 confdir: /var/lib/egress-proxy
 {{- end }}
 
@@ -180,6 +181,18 @@ Call with (dict "root" $ "mode" "regular"|"transparent").
 {{- if $v.proxy.upstreamCA.secretName }}
 - --upstream-ca
 - {{ printf "%s/%s" $p.upstreamCA $v.proxy.upstreamCA.key }}
+{{- end }}
+{{- with $v.proxy.upstreamProxy }}
+{{- if .url }}
+- --upstream-proxy
+- {{ .url | quote }}
+{{- if .authSecretName }}
+- --upstream-proxy-auth
+- {{ printf "${file:%s/%s}" $p.parentAuth .authKey | quote }}
+{{- end }}
+{{- else if .authSecretName }}
+{{- fail "proxy.upstreamProxy.authSecretName needs proxy.upstreamProxy.url" }}
+{{- end }}
 {{- end }}
 {{- range $name, $value := $v.proxy.set }}
 - --set
@@ -234,6 +247,11 @@ mitmproxy-ca-cert.pem. mitmproxy also writes its dhparam file there.
   mountPath: {{ $p.upstreamCA }}
   readOnly: true
 {{- end }}
+{{- if and .Values.proxy.upstreamProxy.url .Values.proxy.upstreamProxy.authSecretName }}
+- name: parent-auth
+  mountPath: {{ $p.parentAuth }}
+  readOnly: true
+{{- end }}
 {{- range .Values.transformSecrets }}
 - name: {{ printf "secret-%s" .name | trunc 63 | trimSuffix "-" }}
   mountPath: {{ printf "%s/%s" $.Values.transformSecretsMountPath .name }}
@@ -281,6 +299,15 @@ mount these volumes, so the sandbox container still cannot read them).
   secret:
     secretName: {{ .Values.proxy.upstreamCA.secretName }}
     defaultMode: 0444
+{{- end }}
+{{- if and .Values.proxy.upstreamProxy.url .Values.proxy.upstreamProxy.authSecretName }}
+- name: parent-auth
+  secret:
+    secretName: {{ .Values.proxy.upstreamProxy.authSecretName }}
+    defaultMode: {{ $mode }}
+    items:
+      - key: {{ .Values.proxy.upstreamProxy.authKey }}
+        path: {{ .Values.proxy.upstreamProxy.authKey }}
 {{- end }}
 {{- range .Values.transformSecrets }}
 - name: {{ printf "secret-%s" .name | trunc 63 | trimSuffix "-" }}
