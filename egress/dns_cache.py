@@ -69,9 +69,9 @@ class AddressCache:
     def put(self, owner: object, host: str, family: int, addresses: list[IPAddress]) -> None:
         if not addresses or self.ttl <= 0 or self.max_entries <= 0:
             return
-        if owner is not self._owner:  # resolved under a spec that has been replaced since
-            return
-        entries = self._entries
+        if self._owner is not None and owner is not self._owner:
+            return  # resolved under a spec that has been replaced since
+        entries = self._for(owner)
         entries.pop((host, family), None)
         while len(entries) >= self.max_entries:
             del entries[next(iter(entries))]  # oldest first (dicts keep insertion order)
