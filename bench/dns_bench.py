@@ -50,6 +50,12 @@ def cores() -> tuple[str, str]:
     return str(available[0]), str(available[1 if len(available) > 1 else 0])
 
 
+def proxy_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def dnsperf(ns: str, port: int, queries: Path, seconds: int, core: str) -> dict:
     out = run(
         ["ip", "netns", "exec", ns, "taskset", "-c", core, "dnsperf", "-s", "127.0.0.1", "-p", str(port),
@@ -135,7 +141,14 @@ def main() -> int:
                          "-p", str(procs[-1].pid), "-o", str(Path(args.py_spy) / f"{name}.txt")],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
-                results[name].append(dnsperf(ns, files[name][1], files[name][0], args.seconds, load_core))
+                cpu = proxy_cpu_seconds(procs[-1].pid)
+                result = dnsperf(ns, files[name][1], files[name][0], args.seconds, load_core)
+                answered = result["qps"] * args.seconds
+                # The proxy's own CPU time per answered query: what a core of its own
+                # would sustain, less sensitive to other load on a shared machine.
+                if name != "direct" and answered:
+                    result["cpu_us"] = (proxy_cpu_seconds(procs[-1].pid) - cpu) / answered * 1e6
+                results[name].append(result)
                 if spy is not None:
                     spy.wait(timeout=args.seconds + 30)
     finally:
@@ -155,14 +168,19 @@ def main() -> int:
         return sum(r[key] for r in results[name]) / len(results[name])
 
     direct = mean("direct", "qps")
+    def cpu(name: str) -> str:
+        runs = [r["cpu_us"] for r in results[name] if "cpu_us" in r]
+        return f"{sum(runs) / len(runs):.0f}" if runs else "-"
+
     rows = [
         f"| {name} | {mean(name, 'qps'):,.0f} | {', '.join(f'{r['qps']:,.0f}' for r in results[name])} "
-        f"| {mean(name, 'latency_ms'):.2f} | {sum(r['lost'] for r in results[name]):.0f} | {results[name][-1]['codes']} |"
+        f"| {cpu(name)} | {mean(name, 'latency_ms'):.2f} | {sum(r['lost'] for r in results[name]):.0f} "
+        f"| {results[name][-1]['codes']} |"
         for name in TARGETS
     ]
     text = "\n".join([
-        "| target | q/s mean | q/s per run | avg latency ms | lost | response codes (last run) |",
-        "|---|---:|---:|---:|---:|---|",
+        "| target | q/s mean | q/s per run | proxy CPU µs/query | avg latency ms | lost | response codes (last run) |",
+        "|---|---:|---:|---:|---:|---:|---|",
         *rows,
         "",
         f"allowed / direct = {mean('allowed', 'qps') / direct:.2f}, uncached / direct = "

@@ -100,6 +100,12 @@ class DecisionLog:
             self.stream.flush()
 
 
+_second: list = [-1, ""]  # [whole second, its formatted text]: strftime once a second, not per line
+
+
 def _now() -> str:
     now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    whole = int(now)
+    if _second[0] != whole:
+        _second[:] = [whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))]
+    return f"{_second[1]}.{int(now % 1 * 1000):03d}Z"

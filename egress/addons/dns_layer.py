@@ -34,6 +34,7 @@ import functools
 import struct
 import time
 from collections.abc import Callable
+from typing import Any
 
 from mitmproxy import dns
 from mitmproxy.proxy import commands, events, layer, mode_servers
@@ -186,7 +187,10 @@ def install(answer_now: AnswerNow | None = None) -> None:
     global _answer_now
     _answer_now = answer_now
     mode_servers.DnsInstance.make_top_layer = lambda self, context: FilteringDNSLayer(context)  # type: ignore[method-assign]
-    # The UDP socket on the event loop instead of mitmproxy_rs's thread (egress/dns_udp.py).
-    mode_servers.DnsInstance.start_udp_based_server = (  # type: ignore[method-assign]
-        lambda self, host, port: dns_udp.start_udp_listener(host, port, self.handle_stream)
-    )
+    # The UDP socket on the event loop instead of mitmproxy_rs's thread (egress/dns_udp.py);
+    # mitmproxy only closes it and lists its `sockets`, which UdpListener provides.
+    mode_servers.DnsInstance.start_udp_based_server = _start_udp_listener  # type: ignore[method-assign,assignment]
+
+
+def _start_udp_listener(self: mode_servers.DnsInstance, host: str, port: int) -> Any:
+    return dns_udp.start_udp_listener(host, port, self.handle_stream)
