@@ -10,7 +10,7 @@ import asyncio
 import json
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from egress import metrics
 from egress.policy import Decision
@@ -21,6 +21,7 @@ class DecisionLog:
         self.fmt = fmt
         self.stream = stream or sys.stdout
         self._pending: list[str] = []  # DNS lines waiting for the end of this event-loop turn
+        self._dns_counters: dict[tuple[str, str, str, str], Any] = {}
 
     def record(
         self,
@@ -62,7 +63,11 @@ class DecisionLog:
     def record_dns(self, verdict, *, client: str, name: str, qtype: str) -> None:
         """Count a DNS query (`egress.dns_policy.Verdict`); one line for each one blocked or reported."""
         decision = verdict.metric_decision
-        metrics.DNS_QUERIES.labels(decision, verdict.reason, verdict.rule, qtype, "").inc()
+        key = (decision, verdict.reason, verdict.rule, qtype)
+        counter = self._dns_counters.get(key)
+        if counter is None:  # `.labels()` validates and locks on every call: once per series
+            counter = self._dns_counters[key] = metrics.DNS_QUERIES.labels(*key, "")
+        counter.inc()
         if decision not in ("blocked", "reported"):
             return
         name = name[:253]

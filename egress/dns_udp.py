@@ -156,6 +156,8 @@ class UdpListener:
         return self.sockname
 
     def received(self, data: bytes, peer: Address) -> None:
+        if not data:  # no header, nothing to answer; a stream would read it as end of stream
+            return
         stream = self._streams.get(peer)
         if stream is None:
             stream = self._streams[peer] = DatagramStream(self, peer)
