@@ -17,7 +17,9 @@ exactly as before. A stream lives until mitmproxy's UDP idle timeout closes it; 
 datagram for a closed stream opens a new one, as with the Rust server.
 
 Bounds: at most `MAX_QUEUED` datagrams wait per client address (more are dropped,
-as a full socket buffer would); answers are sent with `sendto` and never wait.
+as a full socket buffer would); at most `READ_BATCH` are read per wake-up; answers
+are sent with one `sendto` and never wait (a full send buffer drops one, as the
+network may; the client retries).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 MAX_QUEUED = 256
 RECEIVE_BUFFER = 1 << 20  # bytes asked for (the kernel caps it at net.core.rmem_max)
+RECEIVE_SIZE = 65535  # a whole datagram, whatever its size (the layer answers FORMERR or TC)
+READ_BATCH = 64  # datagrams read per wake-up before other work gets its turn
 Address = tuple[str, int]
 StreamHandler = Callable[[Any, Any], Awaitable[None]]
 
@@ -102,18 +106,6 @@ class DatagramStream:
         return default
 
 
-class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, server: UdpListener):
-        self._server = server
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self._server.received(data, (str(addr[0]), int(addr[1])))
-
-    def error_received(self, exc: Exception) -> None:
-        # ICMP errors for earlier answers (a client that went away): nothing to do.
-        logger.debug("DNS listener: %s", exc)
-
-
 class UdpListener:
     """A bound UDP socket that turns each client address into a `DatagramStream` for `handler`."""
 
@@ -121,8 +113,8 @@ class UdpListener:
         self._handler = handler
         self._streams: dict[Address, DatagramStream] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._transport: asyncio.DatagramTransport | None = None
         self._socket: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.sockname: Address = ("", 0)
 
     async def start(self, host: str, port: int) -> None:
@@ -144,8 +136,11 @@ class UdpListener:
         self._socket = sock
         bound = sock.getsockname()
         self.sockname = (str(bound[0]), int(bound[1]))
-        loop = asyncio.get_running_loop()
-        self._transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
+        # The socket is read straight from the loop's selector, not through an asyncio
+        # datagram transport: up to READ_BATCH datagrams per wake-up (one select and one
+        # audit flush for a burst instead of one each), answers sent with one sendto.
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._read_ready)
 
     @property
     def sockets(self) -> list[socket.socket]:
@@ -154,6 +149,20 @@ class UdpListener:
 
     def getsockname(self) -> Address:
         return self.sockname
+
+    def _read_ready(self) -> None:
+        sock = self._socket
+        for _ in range(READ_BATCH):
+            if sock is None:
+                return
+            try:
+                data, addr = sock.recvfrom(RECEIVE_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # ICMP errors for earlier answers (a client that went away)
+                logger.debug("DNS listener: %s", exc)
+                continue
+            self.received(data, (str(addr[0]), int(addr[1])))
 
     def received(self, data: bytes, peer: Address) -> None:
         if not data:  # no header, nothing to answer; a stream would read it as end of stream
@@ -173,20 +182,27 @@ class UdpListener:
             stream.close()
 
     def sendto(self, data: bytes, peer: Address) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.sendto(data, peer)
+        if self._socket is None:
+            return
+        try:
+            self._socket.sendto(data, peer)
+        except OSError as exc:
+            # A full send buffer or an unreachable client: the answer is lost like any
+            # datagram, and the client asks again (its retry, or TCP after TC).
+            logger.debug("DNS listener: answer to %s dropped (%s)", peer[0], exc)
 
     def forget(self, peer: Address, stream: DatagramStream) -> None:
         if self._streams.get(peer) is stream:
             del self._streams[peer]
 
     def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        sock, self._socket = self._socket, None
+        if sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
         for stream in list(self._streams.values()):
             stream.close()
-        self._socket = None
 
 
 async def start_udp_listener(host: str, port: int, handler: StreamHandler) -> UdpListener:
