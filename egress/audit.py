@@ -6,7 +6,6 @@ are listed by name only.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -20,7 +19,6 @@ class DecisionLog:
     def __init__(self, fmt: str = "json", stream: TextIO | None = None):
         self.fmt = fmt
         self.stream = stream or sys.stdout
-        self._pending: list[str] = []  # DNS lines waiting for the end of this event-loop turn
         self._dns_counters: dict[tuple[str, str, str, str], Any] = {}
 
     def record(
@@ -77,32 +75,13 @@ class DecisionLog:
             line = {"time": _now(), "event": "dns", "client": client, "environment": "", "name": name, "qtype": qtype,
                     "decision": decision, "reason": verdict.reason, "rule": verdict.rule}  # fmt: skip
             text = json.dumps(line, separators=(",", ":"))
-        self._write_soon(text)
+        # Written (and flushed) before the answer is sent: whoever sees the answer can
+        # find its line, and a crash cannot lose the line of a query already answered.
+        self._write(text)
 
     def _write(self, text: str) -> None:
-        if self._pending:  # keep the lines in the order they were decided
-            self._flush_pending()
         self.stream.write(text + "\n")
         self.stream.flush()
-
-    def _write_soon(self, text: str) -> None:
-        """Under a flood of blocked queries (thousands a second) a write and flush per line
-        was a tenth of the listener's time: the lines of one event-loop turn go out together,
-        at its end (or before the next line written by `_write`)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._write(text)
-            return
-        self._pending.append(text)
-        if len(self._pending) == 1:
-            loop.call_soon(self._flush_pending)
-
-    def _flush_pending(self) -> None:
-        lines, self._pending = self._pending, []
-        if lines:
-            self.stream.write("\n".join(lines) + "\n")
-            self.stream.flush()
 
 
 _second: list = [-1, ""]  # [whole second, its formatted text]: strftime once a second, not per line
