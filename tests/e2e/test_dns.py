@@ -587,7 +587,9 @@ def test_many_lookups_from_new_sockets_are_all_answered(box: DnsSandbox):
 
 def test_an_error_in_the_hook_fails_closed(box: DnsSandbox):
     """EGRESS_TEST_FAULT makes the dns_request hook raise: the query gets SERVFAIL,
-    nothing is forwarded, the error is counted and the listener keeps answering."""
+    nothing is forwarded, the error is counted and the listener keeps answering. The
+    fault fires in the layer's synchronous half (`answer_now`, guarded as the hook):
+    an allowlisted name and a blocked one, each counted once, never twice."""
     from e2e.lab import ProxyProcess
 
     dns_port = box.free_port()
@@ -595,9 +597,9 @@ def test_an_error_in_the_hook_fails_closed(box: DnsSandbox):
                           env={"EGRESS_TEST_FAULT": "DnsFilter.dns_request"}, name="faulty.yaml")  # fmt: skip
     faulty.start()
     try:
-        for i in range(2):
+        for i, name in enumerate((b"\x07dnsonly\x07example\x04test\x00", b"\x01x\x08attacker\x04test\x00")):
             query = struct.pack("!HHHHHH", 0x50 + i, 0x0100, 1, 0, 0, 0)
-            query += b"\x07dnsonly\x07example\x04test\x00\x00\x01\x00\x01"
+            query += name + b"\x00\x01\x00\x01"
             with in_netns(box.proxy_ns):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             try:

@@ -213,3 +213,27 @@ def test_the_test_fault_applies_to_the_fast_path(setup, monkeypatch):
     guarded = failsafe.fail_closed_call("DnsFilter", "dns_request", addon.answer_now)
     assert guarded(flow_for("other.example")) is True
     assert guarded(flow_for("blocked.example")) is None
+
+
+def test_the_hook_half_fails_closed_too(setup, monkeypatch):
+    """A cache miss goes on to the `dns_request` hook; an exception there (here the
+    resolver call raising something unexpected, injected) answers SERVFAIL, counted,
+    and caches nothing."""
+    import asyncio
+
+    from egress.addons import dns_filter
+
+    _, _, addon, _ = setup
+
+    async def broken(host, version):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(dns_filter, "resolve_family", broken)
+    guarded = failsafe.fail_closed(addon)
+    flow = flow_for("cached.test")
+    assert addon.answer_now(flow) is False
+    before = failsafe.INTERNAL_ERRORS.labels("dns_request")._value.get()
+    asyncio.run(guarded.dns_request(flow))
+    assert flow.metadata == {} and flow.response is None  # the layer answers SERVFAIL
+    assert failsafe.INTERNAL_ERRORS.labels("dns_request")._value.get() == before + 1
+    assert len(addon.cache) == 0
