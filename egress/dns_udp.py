@@ -44,9 +44,10 @@ StreamHandler = Callable[[Any, Any], Awaitable[None]]
 class DatagramStream:
     """One client address's datagrams on a listener socket, read and written like a stream."""
 
-    def __init__(self, server: UdpListener, peer: Address):
+    def __init__(self, server: UdpListener, peer: Address, reply_to: Any = None):
         self._server = server
-        self._peer = peer
+        self._peer = peer  # (host, port), as mitmproxy_rs reports it
+        self._reply_to = reply_to or peer  # the address as received (IPv6: with its scope)
         self._queue: collections.deque[bytes] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
@@ -73,7 +74,7 @@ class DatagramStream:
 
     def write(self, data: bytes) -> None:
         if not self._closed:
-            self._server.sendto(data, self._peer)
+            self._server.sendto(data, self._reply_to)
 
     async def drain(self) -> None:
         return None  # datagrams are sent at once or dropped by the kernel, never buffered here
@@ -137,8 +138,8 @@ class UdpListener:
         bound = sock.getsockname()
         self.sockname = (str(bound[0]), int(bound[1]))
         # The socket is read straight from the loop's selector, not through an asyncio
-        # datagram transport: up to READ_BATCH datagrams per wake-up (one select and one
-        # audit flush for a burst instead of one each), answers sent with one sendto.
+        # datagram transport: up to READ_BATCH datagrams per wake-up (one select for a
+        # burst instead of one each), answers sent with one sendto.
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(sock.fileno(), self._read_ready)
 
@@ -162,14 +163,15 @@ class UdpListener:
             except OSError as exc:  # ICMP errors for earlier answers (a client that went away)
                 logger.debug("DNS listener: %s", exc)
                 continue
-            self.received(data, (str(addr[0]), int(addr[1])))
+            self.received(data, addr)
 
-    def received(self, data: bytes, peer: Address) -> None:
+    def received(self, data: bytes, addr: Any) -> None:
         if not data:  # no header, nothing to answer; a stream would read it as end of stream
             return
+        peer = (str(addr[0]), int(addr[1]))
         stream = self._streams.get(peer)
         if stream is None:
-            stream = self._streams[peer] = DatagramStream(self, peer)
+            stream = self._streams[peer] = DatagramStream(self, peer, addr)
             task = asyncio.get_running_loop().create_task(self._serve(stream))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -181,7 +183,7 @@ class UdpListener:
         finally:
             stream.close()
 
-    def sendto(self, data: bytes, peer: Address) -> None:
+    def sendto(self, data: bytes, peer: Any) -> None:
         if self._socket is None:
             return
         try:
