@@ -72,9 +72,11 @@ class DecisionLog:
         if self.fmt == "text":
             text = f"{decision:8} DNS {qtype} {name!r} rule={verdict.rule or '-'} reason={verdict.reason or '-'} client={client}"
         else:
-            line = {"time": _now(), "event": "dns", "client": client, "environment": "", "name": name, "qtype": qtype,
-                    "decision": decision, "reason": verdict.reason, "rule": verdict.rule}  # fmt: skip
-            text = json.dumps(line, separators=(",", ":"))
+            # What json.dumps(dict, separators=(",", ":")) writes, field by field (tested
+            # against it): a blocked-query flood makes this line a fifth of the listener's time.
+            q = _json_string
+            text = (f'{{"time":{q(_now())},"event":"dns","client":{q(client)},"environment":"","name":{q(name)},'
+                    f'"qtype":{q(qtype)},"decision":{q(decision)},"reason":{q(verdict.reason)},"rule":{q(verdict.rule)}}}')  # fmt: skip
         # Written (and flushed) before the answer is sent: whoever sees the answer can
         # find its line, and a crash cannot lose the line of a query already answered.
         self._write(text)
@@ -83,6 +85,8 @@ class DecisionLog:
         self.stream.write(text + "\n")
         self.stream.flush()
 
+
+_json_string = json.encoder.encode_basestring_ascii  # json.dumps of one str (ensure_ascii), in C
 
 _second: list = [-1, ""]  # [whole second, its formatted text]: strftime once a second, not per line
 
