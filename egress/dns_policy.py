@@ -151,7 +151,8 @@ def decide(spec: Spec, query: Query) -> Verdict:
         return Verdict(action, NOERROR, policy.Decision(host=host), "local")
     if qtype == PTR:
         return _blocked(Action.ERROR, NXDOMAIN, REVERSE_LOOKUP, host or raw_host)
-    decision = policy.check_name(spec, name)
+    # The name is normalised once (above): the same decision as `check_name(spec, name)`.
+    decision = policy.check_name(spec, name) if host is None else policy.check_normalized_name(spec, host)
     if decision.reported:
         return Verdict(Action.FORWARD, NOERROR, decision)
     if not decision.allowed:

@@ -15,7 +15,7 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from egress.addons import dns_layer
 from egress.addons.dns_filter import DnsFilter
 from egress.addons.environment_gate import ALLOWS_NOTHING, EnvironmentGate
-from egress.addons.failsafe import fail_closed
+from egress.addons.failsafe import fail_closed, fail_closed_call
 from egress.addons.guard import DestinationGuard
 from egress.addons.inject import CredentialInjector
 from egress.addons.lifecycle import Readiness
@@ -75,12 +75,13 @@ def build_master(
         readiness,
     )
     if dns_listen:
-        dns_layer.install()
         # A DNS query carries no proof of environment: with --spec-dir no environment's
         # allowlist applies and every name is NXDOMAIN. Sandboxes of a multi-environment
         # gateway use it as their HTTP(S) proxy, which resolves names itself.
         dns_spec = (lambda: ALLOWS_NOTHING) if isinstance(holder, EnvironmentRegistry) else (lambda: holder.spec)
-        m.addons.add(fail_closed(DnsFilter(dns_spec, local.__contains__, log)))
+        dns_filter = DnsFilter(dns_spec, local.__contains__, log)
+        m.addons.add(fail_closed(dns_filter))
+        dns_layer.install(fail_closed_call("DnsFilter", "dns_request", dns_filter.answer_now))
     settings: dict[str, object] = dict(
         listen_host=listen_host,
         listen_port=listen_port,

@@ -86,6 +86,11 @@ def check_name(spec: Spec, raw_host: str) -> Decision:
         host = normalize_host(raw_host)
     except HostError:
         return _finish(spec, raw_host[:255], NOT_ALLOWLISTED)
+    return check_normalized_name(spec, host)
+
+
+def check_normalized_name(spec: Spec, host: str) -> Decision:
+    """`check_name` for a host `normalize_host` already returned (the DNS policy has one)."""
     if is_loopback_name(host):
         return _finish(spec, host, LOOPBACK)
     ip = parse_ip_literal(host)

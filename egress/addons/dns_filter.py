@@ -1,10 +1,14 @@
-"""DnsFilter: the `dns_request` hook of the proxy's DNS listener (`--dns-listen`).
+"""DnsFilter: the policy of the proxy's DNS listener (`--dns-listen`).
 
-One hook, one sequence: read the query, ask `egress.dns_policy.decide` under the spec
-in force, act on the verdict (answer locally, resolve A/AAAA through the proxy's
+One sequence, in two halves: `answer_now` (called by the DNS layer for each query,
+synchronously) and the `dns_request` hook (only for queries that need I/O). Read the
+query, ask `egress.dns_policy.decide` under the spec in force, act on the verdict (answer locally, resolve A/AAAA through the proxy's
 resolver and drop forbidden addresses, or, in report mode only, forward), write the
 answer within the client's UDP size (egress/dns_wire.py: TC bit, the client retries
-over TCP), count it and log blocked ones. Every query gets an answer from here;
+over TCP), count it and log blocked ones. A query that needs no I/O (every blocked
+one, NODATA, PTR, localhost, FORMERR, an allowlisted name whose resolver answer is
+cached, egress/dns_cache.py) is answered by the first half alone; one that needs the
+resolver or a forward is finished by the hook. Every query gets an answer from here;
 nothing else in the process talks to a resolver on the sandbox's behalf
 (egress/addons/dns_layer.py).
 """
@@ -22,6 +26,7 @@ from egress import dns_wire
 from egress.addons.dns_layer import DROP_KEY, RAW, UNPARSED, WIRE_KEY
 from egress.addresses import IPAddress
 from egress.audit import DecisionLog
+from egress.dns_cache import AddressCache
 from egress.dns_forward import forward, system_nameserver
 from egress.resolver import ResolveError, resolve_family
 from egress.spec import Spec
@@ -29,6 +34,7 @@ from egress.spec import Spec
 logger = logging.getLogger(__name__)
 _EAI_NODATA = getattr(socket, "EAI_NODATA", -5)
 _EAI_NONAME = socket.EAI_NONAME
+_PENDING_KEY = "egress.dns.pending"  # flow.metadata: (spec, query, verdict) left for dns_request
 
 
 def read_query(msg: dns.DNSMessage) -> dp.Query:
@@ -52,53 +58,89 @@ class DnsFilter:
         is_self: Callable[[IPAddress], bool],
         log: DecisionLog,
         nameserver: Callable[[], str] = system_nameserver,
+        cache: AddressCache | None = None,
     ):
         self._current_spec = current_spec
         self._is_self = is_self
         self.log = log
         self._nameserver = nameserver
+        self.cache = cache if cache is not None else AddressCache()
 
-    async def dns_request(self, flow: dns.DNSFlow) -> None:
+    def answer_now(self, flow: dns.DNSFlow) -> bool:
+        """Decide and, where no I/O is needed, answer: True when done (answer or drop in `flow.metadata`).
+
+        The DNS layer calls this for every query before any hook (egress/addons/dns_layer.py):
+        blocked names, NODATA, PTR, localhost, FORMERR and cached allowlisted addresses
+        are answered here, in the datagram's own event, without a hook task. False: the
+        query needs the resolver (or, report mode, a forward); what was decided is left
+        in `flow.metadata` for `dns_request`, which finishes it.
+        """
         spec = self._current_spec()
-        request = flow.request
-        query = read_query(request)
+        query = read_query(flow.request)
         verdict = dp.decide(spec, query)
         if verdict.action is dp.Action.DROP:
             flow.metadata[DROP_KEY] = True
             self._record(flow, query, verdict)
-            return
-        raw: bytes = getattr(request, RAW, b"")
-        opt = next((rr for rr in request.additionals if rr.type == dp.OPT), None)
-        if flow.client_conn.transport_protocol == "tcp":
-            limit = dp.MAX_TCP_PAYLOAD
-        else:
-            limit = dp.udp_payload_limit(query.opt_records, opt.class_ if opt else 0)
-        wire: bytes | None = None
+            return True
         addresses: list[IPAddress] = []
+        ttl = dp.ANSWER_TTL
         match verdict.action:
             case dp.Action.LOOPBACK:
                 addresses = [dp.loopback_address(query.qtype)]
             case dp.Action.RESOLVE:
-                addresses, verdict = await self._resolve(spec, verdict, query)
+                hit = self.cache.get(spec, verdict.decision.host, dp.address_family(query.qtype))
+                if hit is None:
+                    flow.metadata[_PENDING_KEY] = (spec, query, verdict)
+                    return False
+                found, ttl = hit
+                addresses, verdict = dp.filter_addresses(spec, verdict, found, self._is_self)
             case dp.Action.FORWARD:
-                wire = await self._forward(raw, limit)
-        if wire is None:
-            wire = dns_wire.answer(
-                raw,
-                rcode=verdict.rcode,
-                qtype=query.qtype,
-                addresses=addresses,
-                ttl=dp.ANSWER_TTL,
-                with_question=query.parsed and len(query.questions) == 1,
-                opt_size=dp.OUR_UDP_PAYLOAD if query.opt_records == 1 else None,
-                limit=limit,
-            )
-        flow.metadata[WIRE_KEY] = wire
+                flow.metadata[_PENDING_KEY] = (spec, query, verdict)
+                return False
+        self._finish(flow, query, verdict, addresses, ttl)
+        return True
+
+    async def dns_request(self, flow: dns.DNSFlow) -> None:
+        pending = flow.metadata.pop(_PENDING_KEY, None)
+        if pending is None:  # not seen by `answer_now` (the layer always calls it first)
+            if self.answer_now(flow):
+                return
+            pending = flow.metadata.pop(_PENDING_KEY)
+        spec, query, verdict = pending
+        if verdict.action is dp.Action.FORWARD:
+            raw: bytes = getattr(flow.request, RAW, b"")
+            wire = await self._forward(raw, self._limit(flow, query))
+            flow.metadata[WIRE_KEY] = wire
+            self._record(flow, query, verdict)
+            return
+        addresses, verdict = await self._resolve(spec, verdict, query)
+        self._finish(flow, query, verdict, addresses, dp.ANSWER_TTL)
+
+    def _limit(self, flow: dns.DNSFlow, query: dp.Query) -> int:
+        if flow.client_conn.transport_protocol == "tcp":
+            return dp.MAX_TCP_PAYLOAD
+        opt = next((rr for rr in flow.request.additionals if rr.type == dp.OPT), None)
+        return dp.udp_payload_limit(query.opt_records, opt.class_ if opt else 0)
+
+    def _finish(
+        self, flow: dns.DNSFlow, query: dp.Query, verdict: dp.Verdict, addresses: list[IPAddress], ttl: int
+    ) -> None:
+        flow.metadata[WIRE_KEY] = dns_wire.answer(
+            getattr(flow.request, RAW, b""),
+            rcode=verdict.rcode,
+            qtype=query.qtype,
+            addresses=addresses,
+            ttl=ttl,
+            with_question=query.parsed and len(query.questions) == 1,
+            opt_size=dp.OUR_UDP_PAYLOAD if query.opt_records == 1 else None,
+            limit=self._limit(flow, query),
+        )
         self._record(flow, query, verdict)
 
     async def _resolve(self, spec: Spec, verdict: dp.Verdict, query: dp.Query) -> tuple[list[IPAddress], dp.Verdict]:
+        family = dp.address_family(query.qtype)
         try:
-            found = await resolve_family(verdict.decision.host, dp.address_family(query.qtype))
+            found = await resolve_family(verdict.decision.host, family)
         except ResolveError as exc:
             # getaddrinfo asked for one family cannot tell "no such name" from "no
             # address of this family" (glibc says EAI_NONAME for both): an empty answer
@@ -106,6 +148,8 @@ class DnsFilter:
             # make caches forget its A records. Resolver failures stay SERVFAIL.
             rcode = dp.NOERROR if exc.code in (_EAI_NONAME, _EAI_NODATA) else dp.SERVFAIL
             return [], dp.resolve_failed(spec, verdict, rcode)
+        # The resolver's answer, before policy: each hit is filtered again (egress/dns_cache.py).
+        self.cache.put(spec, verdict.decision.host, family, found)
         return dp.filter_addresses(spec, verdict, found, self._is_self)
 
     async def _forward(self, raw: bytes, limit: int) -> bytes:
@@ -125,4 +169,3 @@ class DnsFilter:
 def _client_label(flow: dns.DNSFlow) -> str:
     peer = flow.client_conn.peername
     return f"{peer[0]}:{peer[1]}" if peer else ""
-

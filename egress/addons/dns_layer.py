@@ -6,7 +6,9 @@ and a packet it cannot parse either closes the "connection" (struct.error) or, f
 other errors such as an invalid punycode label (`xn--zz` raises UnicodeError),
 escapes the layer. This subclass changes three things, and nothing else:
 
-- every datagram / TCP message is handed to the `dns_request` hook, on one flow
+- every datagram / TCP message is first offered to `answer_now` (see `install`),
+  which answers what needs no I/O synchronously; the rest is handed to the
+  `dns_request` hook, on one flow
   per client socket (no table of flows by message id, no uuid per query); one whose
   header is readable but the rest is not arrives as a question-less message marked
   unparsed (the policy answers FORMERR); one without a header is dropped. The
@@ -21,7 +23,8 @@ escapes the layer. This subclass changes three things, and nothing else:
   of an exception. No `dns_response` hook: nothing of ours reads one.
 
 `install()` makes mitmproxy's DNS server instances use this layer (they build their
-top layer in `DnsInstance.make_top_layer`). tests/e2e/test_dns.py sends the packets
+top layer in `DnsInstance.make_top_layer`) and serve their UDP socket from the event
+loop (egress/dns_udp.py). tests/e2e/test_dns.py sends the packets
 that broke the stock layer and fails without it.
 """
 
@@ -30,11 +33,15 @@ from __future__ import annotations
 import functools
 import struct
 import time
+from collections.abc import Callable
+from typing import Any
 
 from mitmproxy import dns
 from mitmproxy.proxy import commands, events, layer, mode_servers
 from mitmproxy.proxy.layers import dns as dns_layer
 from mitmproxy.proxy.utils import expect
+
+from egress import dns_udp
 
 UNPARSED = "_egress_unparsed"  # attribute set on a message built from the header only
 RAW = "_egress_raw"  # attribute: the message's bytes as received
@@ -42,6 +49,8 @@ DROP_KEY = "egress.dns.drop"  # flow.metadata: the hook decided not to answer
 WIRE_KEY = "egress.dns.wire"  # flow.metadata: the answer, already in wire format
 _HEADER = struct.Struct("!HHHHHH")
 _LENGTH = struct.Struct("!H")
+AnswerNow = Callable[[dns.DNSFlow], "bool | None"]
+_answer_now: AnswerNow | None = None
 
 
 def header_only(data: bytes) -> dns.DNSMessage:
@@ -142,7 +151,12 @@ class FilteringDNSLayer(dns_layer.DNSLayer):
         # of a blocked query). The hook is blocking, so messages are handled one at a time.
         flow.request, flow.response, flow.error = msg, None, None
         flow.metadata.clear()
-        yield dns_layer.DnsRequestHook(flow)
+        # Queries decided without I/O are answered right here, in this datagram's own
+        # event: the hook (an asyncio task, a HookCompleted event) only for the rest.
+        # None: `answer_now` raised and failed closed (counted; SERVFAIL below).
+        done = _answer_now(flow) if _answer_now is not None else False
+        if done is False:
+            yield dns_layer.DnsRequestHook(flow)
         if flow.metadata.get(DROP_KEY):
             return
         wire = flow.metadata.get(WIRE_KEY)
@@ -162,6 +176,21 @@ class FilteringDNSLayer(dns_layer.DNSLayer):
         yield commands.SendData(self.context.client, packed)
 
 
-def install() -> None:
-    """Make every `dns@...` listener of this process use `FilteringDNSLayer`."""
+def install(answer_now: AnswerNow | None = None) -> None:
+    """Make every `dns@...` listener of this process use `FilteringDNSLayer`.
+
+    `answer_now(flow)`: called for each query before the `dns_request` hook; True when
+    it answered (or dropped) the query, False to let the hook finish it, None when it
+    failed (closed: SERVFAIL). egress/addons/dns_filter.py `DnsFilter.answer_now`,
+    wrapped by `failsafe.fail_closed_call`.
+    """
+    global _answer_now
+    _answer_now = answer_now
     mode_servers.DnsInstance.make_top_layer = lambda self, context: FilteringDNSLayer(context)  # type: ignore[method-assign]
+    # The UDP socket on the event loop instead of mitmproxy_rs's thread (egress/dns_udp.py);
+    # mitmproxy only closes it and lists its `sockets`, which UdpListener provides.
+    mode_servers.DnsInstance.start_udp_based_server = _start_udp_listener  # type: ignore[method-assign,assignment]
+
+
+def _start_udp_listener(self: mode_servers.DnsInstance, host: str, port: int) -> Any:
+    return dns_udp.start_udp_listener(host, port, self.handle_stream)

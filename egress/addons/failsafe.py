@@ -203,3 +203,16 @@ def fail_closed[A](addon: A) -> A:
         fault_host: str | None | bool = faults[key] if key in faults else False
         setattr(addon, name, _wrap(owner, name, func, fault_host))
     return addon
+
+
+def fail_closed_call[F: Callable](owner: str, hook: str, func: F) -> F:
+    """`func`, called by a layer in place of `hook`, guarded like that hook.
+
+    An exception is counted under `hook`, its subject refused as the hook's would be,
+    and the call returns None (so a caller can tell "failed closed" from a result).
+    EGRESS_TEST_FAULT for `owner.hook` / `hook` applies to it too.
+    """
+    faults = _test_faults()
+    key = f"{owner}.{hook}" if f"{owner}.{hook}" in faults else hook
+    fault_host: str | None | bool = faults[key] if key in faults else False
+    return _wrap(owner, hook, func, fault_host)  # type: ignore[return-value]

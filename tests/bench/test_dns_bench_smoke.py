@@ -28,6 +28,6 @@ def test_dns_bench_smoke_writes_its_table(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()
-    for target in ("| blocked |", "| allowed |", "| direct |"):
+    for target in ("| blocked |", "| allowed |", "| uncached |", "| direct |"):
         assert target in text
     assert "allowed / direct = " in text

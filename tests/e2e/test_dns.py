@@ -94,6 +94,10 @@ def test_allowlisted_name_resolves_and_the_resolver_log_shows_it(box: DnsSandbox
     # The query reached the cluster resolver, asked by the proxy (the sandbox's address:
     # the proxy is beside it): the log records forwarded queries, so its silence counts.
     assert re.search(r"query\[A\] dnsonly\.example\.test from 198\.18\.1\.1", box.cluster.queries())
+    # Asked again at once: answered from the proxy's cache, the resolver is not asked twice.
+    asked = box.cluster.queries().count("query[A] dnsonly.example.test")
+    assert dig(box, "dnsonly.example.test", "A")[0] == "NOERROR"
+    assert box.cluster.queries().count("query[A] dnsonly.example.test") == asked
 
 
 def test_aaaa_of_an_ipv4_only_name_is_empty_not_nxdomain(box: DnsSandbox):
@@ -370,6 +374,44 @@ def test_reload_that_adds_a_name_makes_it_resolve(box: DnsSandbox):
     assert dig(box, "reload.example.test")[0] == "NXDOMAIN"
 
 
+def wait_for_reload(box: DnsSandbox, before: float) -> None:
+    deadline = time.monotonic() + 10
+    while metric(box.proxy, "egress_config_reloads_total", result="success") <= before:
+        assert time.monotonic() < deadline, "the spec was not reloaded"
+        time.sleep(0.1)
+
+
+def test_reload_that_removes_a_cached_name_stops_it_resolving_at_once(box: DnsSandbox):
+    """The answer cache belongs to the spec it was filled under: the first query after
+    the reload that removes a name gets NXDOMAIN, though its addresses were cached."""
+    before = metric(box.proxy, "egress_config_reloads_total", result="success")
+    box.proxy.spec_path.write_text(RELOADED)
+    wait_for_reload(box, before)
+    for _ in range(2):  # the second one from the cache
+        status, answers = dig(box, "reload.example.test")
+        assert (status, answers.split()[-1]) == ("NOERROR", "198.18.0.11")
+    before = metric(box.proxy, "egress_config_reloads_total", result="success")
+    box.proxy.spec_path.write_text(SPEC)
+    wait_for_reload(box, before)
+    assert dig(box, "reload.example.test") == ("NXDOMAIN", "")
+
+
+def test_allowlisted_answers_are_cached_and_still_filtered(box: DnsSandbox):
+    """Repeated queries for an allowlisted name reach the resolver at most once per
+    TTL (30 s); a cached answer counts down its TTL and still leaves out the forbidden
+    addresses (loopback, metadata) the resolver returned."""
+    asked = box.cluster.queries().count("query[A] mixed.dns.example.test")
+    ttls = []
+    for _ in range(3):
+        status, answers = dig(box, "mixed.dns.example.test")
+        assert status == "NOERROR"
+        assert answers.split()[-1] == "198.18.0.12" and len(answers.splitlines()) == 1, answers
+        ttls.append(int(answers.split()[1]))
+        time.sleep(1.1)
+    assert box.cluster.queries().count("query[A] mixed.dns.example.test") <= asked + 1
+    assert ttls == sorted(ttls, reverse=True) and ttls[-1] < ttls[0] <= 30, ttls
+
+
 def test_listener_answers_on_ipv6_loopback(box: DnsSandbox):
     query = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + b"\x08attacker\x04test\x00\x00\x01\x00\x01"
     answer = ask_listener(box, query, socket.AF_INET6, "::1")
@@ -545,7 +587,9 @@ def test_many_lookups_from_new_sockets_are_all_answered(box: DnsSandbox):
 
 def test_an_error_in_the_hook_fails_closed(box: DnsSandbox):
     """EGRESS_TEST_FAULT makes the dns_request hook raise: the query gets SERVFAIL,
-    nothing is forwarded, the error is counted and the listener keeps answering."""
+    nothing is forwarded, the error is counted and the listener keeps answering. The
+    fault fires in the layer's synchronous half (`answer_now`, guarded as the hook):
+    an allowlisted name and a blocked one, each counted once, never twice."""
     from e2e.lab import ProxyProcess
 
     dns_port = box.free_port()
@@ -553,9 +597,9 @@ def test_an_error_in_the_hook_fails_closed(box: DnsSandbox):
                           env={"EGRESS_TEST_FAULT": "DnsFilter.dns_request"}, name="faulty.yaml")  # fmt: skip
     faulty.start()
     try:
-        for i in range(2):
+        for i, name in enumerate((b"\x07dnsonly\x07example\x04test\x00", b"\x01x\x08attacker\x04test\x00")):
             query = struct.pack("!HHHHHH", 0x50 + i, 0x0100, 1, 0, 0, 0)
-            query += b"\x07dnsonly\x07example\x04test\x00\x00\x01\x00\x01"
+            query += name + b"\x00\x01\x00\x01"
             with in_netns(box.proxy_ns):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             try:
