@@ -1,0 +1,83 @@
+"""End-to-end: the transparent sandbox (redirect rules applied) against loopback services beside it.
+
+In the chart's sidecar pod the sandbox shares its network namespace with the proxy,
+so whatever listens on loopback there (the proxy's listeners, another sidecar's
+statsd or admin port) is one packet away. TCP to loopback is redirected to the proxy,
+which refuses it (`loopback`); UDP must not get there either.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from e2e.lab import Lab, in_netns
+from e2e.transparent_lab import RESOLVER_V4, SANDBOX_V4, Sandbox
+
+SPEC = """
+network:
+  allowCidrs: ["198.18.0.0/15", "2001:2::/48"]
+  allowlist:
+    - domain: "*"
+"""
+SIDECAR_UDP_PORT = 8125  # statsd's port, say
+
+
+class LoopbackUdpService:
+    """A UDP echo on every address of the sandbox namespace (loopback included), as a sidecar would run."""
+
+    def __init__(self, netns: str, port: int):
+        with in_netns(netns):
+            self.sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        self.sock.bind(("::", port))
+        self.received: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(65536)
+            except OSError:
+                return
+            if peer is None:
+                return
+            self.received.append(data)
+            self.sock.sendto(b"echo:" + data, peer)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+@pytest.fixture(scope="module", params=[["--dns", RESOLVER_V4], ["--dns-port", "5353"]], ids=["dns", "dns-port"])
+def box(lab: Lab, request):
+    sandbox = Sandbox(lab)
+    service = None
+    try:
+        sandbox.start()
+        proxy = sandbox.start_proxy(SPEC)
+        applied = sandbox.redirect_rules("--proxy-port", str(proxy.port), "--proxy-uid", "0", *request.param, "--apply")
+        assert applied.returncode == 0, applied.stderr
+        service = LoopbackUdpService(sandbox.proxy_ns, SIDECAR_UDP_PORT)
+        sandbox.service = service
+        yield sandbox
+    finally:
+        if service is not None:
+            service.close()
+        sandbox.stop()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.2", "::1", SANDBOX_V4])
+def test_udp_to_a_loopback_service_beside_the_sandbox_is_dropped(box, address):  # was a defect
+    """`oif lo accept` let every UDP datagram to loopback (and the namespace's own addresses) through."""
+    before = len(box.service.received)
+    assert box.client("udp", address, str(SIDECAR_UDP_PORT), "--send", "exfil")["received"] is None
+    assert len(box.service.received) == before
+    # The service is there: the proxy's uid (exempt) gets its answer.
+    assert box.client("udp", address, str(SIDECAR_UDP_PORT), "--send", "ping", as_root=True) == {"received": "echo:ping"}
