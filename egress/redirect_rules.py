@@ -146,8 +146,10 @@ def render_rules(
             for family, addrs in dns_rules
         ]
     filter_ += [
-        "# all other UDP (QUIC falls back to TCP), TCP that escaped the redirect, ping tunnels",
-        "meta l4proto { tcp, udp } counter drop",
+        "# all other UDP (QUIC falls back to TCP), TCP that escaped the redirect, and every other",
+        "# IP protocol (UDP-Lite needs no privilege); ICMP stays for errors and neighbour discovery",
+        "meta l4proto != { icmp, ipv6-icmp } counter drop",
+        "# ping tunnels",
         "icmp type echo-request drop",
         "icmpv6 type echo-request drop",
     ]

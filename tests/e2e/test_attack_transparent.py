@@ -81,3 +81,67 @@ def test_udp_to_a_loopback_service_beside_the_sandbox_is_dropped(box, address): 
     assert len(box.service.received) == before
     # The service is there: the proxy's uid (exempt) gets its answer.
     assert box.client("udp", address, str(SIDECAR_UDP_PORT), "--send", "ping", as_root=True) == {"received": "echo:ping"}
+
+
+# UDP-Lite (IP protocol 136) needs no privilege: socket(AF_INET, SOCK_DGRAM, 136).
+UDPLITE = 136
+UDPLITE_PORT = 9136
+_SEND_UDPLITE = """
+import socket, sys
+family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+s = socket.socket(family, socket.SOCK_DGRAM, 136)
+s.settimeout(2)
+try:
+    s.sendto(b"exfil", (sys.argv[1], int(sys.argv[2])))
+except PermissionError:  # dropped in the output hook: netfilter says EPERM
+    print("refused")
+    sys.exit()
+try:
+    print(s.recv(100).decode())
+except OSError:
+    print("none")
+"""
+
+
+@pytest.fixture
+def udplite_echo(lab: Lab):
+    """A UDP-Lite echo on every address of the upstream namespace."""
+    with in_netns(lab.upstream_ns):
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM, UDPLITE)
+        except OSError as exc:
+            pytest.skip(f"this kernel has no UDP-Lite ({exc}): nothing to escape with")
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(("::", UDPLITE_PORT))
+    received: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                data, peer = sock.recvfrom(65536)
+            except OSError:
+                return
+            if peer is None:
+                return
+            received.append(data)
+            sock.sendto(b"echo:" + data, peer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield received
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+@pytest.mark.parametrize("address", ["198.18.0.10", "2001:2::10"])
+def test_udplite_does_not_leave_the_sandbox(box, udplite_echo, address):  # was a defect
+    """Only `tcp` and `udp` were dropped; any other IP protocol an unprivileged process can send
+    (UDP-Lite) went out to any address as it was."""
+    out = box.exec("/usr/bin/python3", "-I", "-c", _SEND_UDPLITE, address, str(UDPLITE_PORT))
+    assert out.stdout.strip() in ("none", "refused"), out.stderr
+    assert udplite_echo == []
+    # The echo is there: the proxy's uid (exempt) gets its answer.
+    out = box.exec("/usr/bin/python3", "-I", "-c", _SEND_UDPLITE, address, str(UDPLITE_PORT), as_root=True)
+    assert out.stdout.strip() == "echo:exfil", out.stderr
