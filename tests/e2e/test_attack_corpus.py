@@ -198,7 +198,6 @@ HOST_HEADER_ATTACKS = [
     "Host: plain.test:7777",  # port mismatch
     "Host: plain.test:+80",
     "Host: ",
-    "Host: plain.test\r\n other.test",  # obs-fold
     "Host: plain.test,other.test",
     "Host: plain.test 127.0.0.1",
     "Host: [::1]",
@@ -253,8 +252,9 @@ def test_ambiguous_framing_is_refused_before_any_upstream(lab, strict, framing):
 
 @pytest.mark.parametrize(
     "field",
-    ["X-A: a\rHost: other.test", "X-A: a\rTransfer-Encoding: chunked", "X-A: a\x00b", "X-A: a\rAuthorization: Bearer mine"],
-    ids=["cr-host", "cr-transfer-encoding", "nul", "cr-authorization"],
+    ["X-A: a\rHost: other.test", "X-A: a\rTransfer-Encoding: chunked", "X-A: a\x00b", "X-A: a\rAuthorization: Bearer mine",
+     "X-A: a\r\n Host: other.test"],
+    ids=["cr-host", "cr-transfer-encoding", "nul", "cr-authorization", "obs-fold"],
 )
 def test_cr_or_nul_inside_a_header_value_is_400_never_forwarded(lab, strict, field):  # was a defect
     """A bare CR stayed in the value and went upstream as is, where a server reading CR as a line end

@@ -85,7 +85,6 @@ def test_udp_to_a_loopback_service_beside_the_sandbox_is_dropped(box, address): 
 
 # UDP-Lite (IP protocol 136) needs no privilege: socket(AF_INET, SOCK_DGRAM, 136).
 UDPLITE = 136
-UDPLITE_PORT = 9136
 _SEND_UDPLITE = """
 import socket, sys
 family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
@@ -105,33 +104,35 @@ except OSError:
 
 @pytest.fixture
 def udplite_echo(lab: Lab):
-    """A UDP-Lite echo on every address of the upstream namespace."""
+    """A UDP-Lite echo on every address of the upstream namespace: (port, datagrams received)."""
     with in_netns(lab.upstream_ns):
         try:
             sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM, UDPLITE)
         except OSError as exc:
             pytest.skip(f"this kernel has no UDP-Lite ({exc}): nothing to escape with")
     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    sock.bind(("::", UDPLITE_PORT))
+    port = lab.free_port()  # a port per test: a closed UDP-Lite socket is not always free at once
+    sock.bind(("::", port))
+    sock.settimeout(0.2)
     received: list[bytes] = []
+    stop = threading.Event()
 
     def serve() -> None:
-        while True:
+        while not stop.is_set():
             try:
                 data, peer = sock.recvfrom(65536)
+            except TimeoutError:
+                continue
             except OSError:
-                return
-            if peer is None:
                 return
             received.append(data)
             sock.sendto(b"echo:" + data, peer)
 
-    threading.Thread(target=serve, daemon=True).start()
-    yield received
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield port, received
+    stop.set()
+    thread.join(timeout=2)
     sock.close()
 
 
@@ -139,9 +140,10 @@ def udplite_echo(lab: Lab):
 def test_udplite_does_not_leave_the_sandbox(box, udplite_echo, address):  # was a defect
     """Only `tcp` and `udp` were dropped; any other IP protocol an unprivileged process can send
     (UDP-Lite) went out to any address as it was."""
-    out = box.exec("/usr/bin/python3", "-I", "-c", _SEND_UDPLITE, address, str(UDPLITE_PORT))
+    port, received = udplite_echo
+    out = box.exec("/usr/bin/python3", "-I", "-c", _SEND_UDPLITE, address, str(port))
     assert out.stdout.strip() in ("none", "refused"), out.stderr
-    assert udplite_echo == []
+    assert received == []
     # The echo is there: the proxy's uid (exempt) gets its answer.
-    out = box.exec("/usr/bin/python3", "-I", "-c", _SEND_UDPLITE, address, str(UDPLITE_PORT), as_root=True)
+    out = box.exec("/usr/bin/python3", "-I", "-c", _SEND_UDPLITE, address, str(port), as_root=True)
     assert out.stdout.strip() == "echo:exfil", out.stderr
