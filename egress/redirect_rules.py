@@ -146,9 +146,11 @@ def render_rules(
             for family, addrs in dns_rules
         ]
     filter_ += [
-        "# all other UDP (QUIC falls back to TCP), TCP that escaped the redirect, and every other",
-        "# IP protocol (UDP-Lite needs no privilege); ICMP stays for errors and neighbour discovery",
-        "meta l4proto != { icmp, ipv6-icmp } counter drop",
+        "# all other UDP (QUIC falls back to TCP), TCP that escaped the redirect",
+        "meta l4proto { tcp, udp } counter drop",
+        "# the other transports an unprivileged process can send on: DCCP, L2TP/IP, SCTP, UDP-Lite",
+        "# (kernel permitting); each would otherwise leave as it is",
+        "meta l4proto { 33, 115, 132, 136 } counter drop",
         "# ping tunnels",
         "icmp type echo-request drop",
         "icmpv6 type echo-request drop",

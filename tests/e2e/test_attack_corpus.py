@@ -136,6 +136,9 @@ INTERNAL_SPELLINGS = [
     ("224.0.0.1", "forbidden_address"), ("[ff02::1]", "forbidden_address"), ("10.0.0.1", "forbidden_address"),
     ("192.168.1.1", "forbidden_address"), ("172.16.0.1", "forbidden_address"), ("100.64.0.1", "forbidden_address"),
     ("[fd00::1]", "forbidden_address"), ("[fec0::1]", "forbidden_address"),
+    # other clouds' metadata endpoints: AWS IPv6 IMDS, Alibaba, Oracle, Tencent, Rancher
+    ("[fd00:ec2::254]", "forbidden_address"), ("100.100.100.200", "forbidden_address"),
+    ("192.0.0.192", "forbidden_address"), ("169.254.0.23", "forbidden_address"), ("169.254.169.250", "forbidden_address"),
     # the proxy's own address, also wrapped in IPv6 forms
     ("198.18.0.1", "proxy_self"), ("[::ffff:198.18.0.1]", "proxy_self"), ("[64:ff9b::c612:1]", "proxy_self"),
     ("[2002:c612:1::]", "proxy_self"), ("[::c612:1]", "proxy_self"),
