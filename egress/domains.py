@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
+# Matched with `fullmatch`: `$` would also match before a final newline, and let
+# `a\n.example.test` (a DNS label holding a newline) pass as a host name.
+_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 # Loopback names that must never reach a resolver (RFC 6761 §6.3).
 _LOOPBACK_NAMES = ("localhost",)
 
@@ -102,7 +104,7 @@ def normalize_host(raw: str) -> str:
     if len(host) > 253:
         raise HostError("name longer than 253 characters")
     for label in host.split("."):
-        if not _LABEL.match(label):
+        if not _LABEL.fullmatch(label):
             raise HostError(f"invalid label {label!r}" if label else "empty label")
     # `1.2.3.` or `0x7f\u30021` only read as an address once the dot is dropped or
     # IDNA has mapped the separator; the canonical form must not depend on a second pass.

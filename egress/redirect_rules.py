@@ -133,9 +133,11 @@ def render_rules(
         "ct direction reply accept",
         *(f"{match} accept" for match in exempt),
         "# TCP (and, with --dns-port, DNS) the nat chain redirected to the proxy (the output",
-        "# interface is still the original route's here), and loopback",
+        "# interface is still the original route's here)",
         "ct status dnat accept",
-        'oif "lo" accept',
+        "# TCP on loopback not redirected: only the proxy port (nat returns nothing else). Not UDP:",
+        "# loopback is shared with the proxy and any other sidecar in the pod",
+        'oif "lo" meta l4proto tcp accept',
     ]
     if dns_rules:
         filter_.append("# DNS only to the configured resolvers")
@@ -144,8 +146,12 @@ def render_rules(
             for family, addrs in dns_rules
         ]
     filter_ += [
-        "# all other UDP (QUIC falls back to TCP), TCP that escaped the redirect, ping tunnels",
+        "# all other UDP (QUIC falls back to TCP), TCP that escaped the redirect",
         "meta l4proto { tcp, udp } counter drop",
+        "# the other transports an unprivileged process can send on: DCCP, L2TP/IP, SCTP, UDP-Lite",
+        "# (kernel permitting); each would otherwise leave as it is",
+        "meta l4proto { 33, 115, 132, 136 } counter drop",
+        "# ping tunnels",
         "icmp type echo-request drop",
         "icmpv6 type echo-request drop",
     ]

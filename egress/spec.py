@@ -26,7 +26,7 @@ from egress.domains import Allowlist, DomainPattern, HostError, parse_pattern
 # about three times faster than with the pure-Python one. Same safe constructors.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MODES = ("enforce", "report")
-_TOKEN_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_TOKEN_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # fullmatch: `$` would pass a final newline
 # Headers whose meaning belongs to the connection or the message framing: injecting
 # them would let the spec break the request rather than authenticate it.
 _RESERVED_HEADERS = frozenset(
@@ -310,7 +310,7 @@ def _parse_transform(
     seen: set[str] = set()
     for name, value in raw.items():
         field_where = f"{where}.{name}"
-        if not isinstance(name, str) or not _TOKEN_NAME.match(name):
+        if not isinstance(name, str) or not _TOKEN_NAME.fullmatch(name):
             problems.append(f"{where}: header name {name!r} is not a valid RFC 9110 token")
             continue
         if name.lower() in _RESERVED_HEADERS:

@@ -46,6 +46,7 @@ from egress.addresses import IPAddress
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.domains import HostError, normalize_host
+from egress.fields import bad_request_body, field_value_problem
 from egress.parent_proxy import ParentProxy
 from egress.relay import Side
 
@@ -181,6 +182,10 @@ class DestinationGuard:
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.request.method == "CONNECT":
+            return
+        if (problem := field_value_problem(flow.request.headers.fields)) is not None:
+            # Not a destination decision: refused like any malformed request, before one is made.
+            flow.response = http.Response.make(400, bad_request_body(problem), {"Content-Type": "application/json"})
             return
         decision = await self._check_request(flow)
         flow.metadata[DECISION_KEY] = decision

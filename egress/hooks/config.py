@@ -33,7 +33,7 @@ _HANDLER_FIELDS = {
     "command": ("type", "command", "timeout"),
     "http": ("type", "url", "headers", "timeout"),
 }
-_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # fullmatch: `$` would pass a final newline
 _HEADER_VALUE_FORBIDDEN = re.compile(r"[\r\n\x00]")
 
 
@@ -302,8 +302,10 @@ class _Parser:
         for name, header_value in value.pairs:
             # Header *values* are never echoed: the page says not to put
             # secrets there, but someone will.
-            if not _HEADER_NAME.match(name):
-                self.problem(f"{where}.{name}", "not a valid header name; header not sent")
+            if not _HEADER_NAME.fullmatch(name):
+                # repr() when unprintable: a newline in the name must not split the problem line.
+                shown = name if name.isprintable() else repr(name)
+                self.problem(f"{where}.{shown}", "not a valid header name; header not sent")
             elif not isinstance(header_value, str):
                 self.problem(f"{where}.{name}", f"value must be a string, got {_type_name(header_value)}; header not sent")
             elif _HEADER_VALUE_FORBIDDEN.search(header_value):

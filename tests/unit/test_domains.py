@@ -69,6 +69,11 @@ def test_normalize_host(raw, expected):
         "[not-an-ip]",
         "exa\u3002\u3002mple",  # empty label after IDNA mapping
         "\u0000.example",
+        # `$` in a label pattern matches before a final newline: a label ending in
+        # one (a DNS question can carry it) is not a host name.
+        "a\n.example",
+        "example\n.test",
+        "a.b\n.example",
     ],
 )
 def test_normalize_host_rejects(raw):

@@ -238,3 +238,13 @@ def test_matching_rules_in_file_order_skipping_disabled():
         ("b", 0),
     ]
     assert [(g.name, r.index) for g, r in config.matching_rules("pre_tool_execution", "list_files")] == [("b", 0)]
+
+
+def test_header_name_with_a_final_newline_is_not_sent():
+    """`^...$` would match `X-Hook\\n`: the header line would break the request on the wire."""
+    document = {"g": {"post_tool_execution": [{"matcher": "*", "hooks": [
+        {"type": "http", "url": "https://x", "headers": {"X-Hook\n": "v", "X-Ok": "1"}}]}]}}  # fmt: skip
+    config, problems = parse(document)
+    where = 'group "g": post_tool_execution[0].hooks[0].headers'
+    assert problems == [f"{where}.'X-Hook\\n': not a valid header name; header not sent"]
+    assert config.groups[0].rules["post_tool_execution"][0].handlers[0].headers == (("X-Ok", "1"),)

@@ -302,6 +302,10 @@ ERRORS = [
         "unterminated",
     ),
     (_entry({"X-A": "a", "x-a": "b"}), "network.allowlist[1].transform.x-a", "twice"),
+    # A final newline slips past a `^...$` pattern; the header line would then be
+    # broken on the wire, and `Transfer-Encoding\n` past the framing-header check.
+    (_entry({"Authorization\n": "Bearer x"}), "network.allowlist[1].transform", "RFC 9110 token"),
+    (_entry({"Transfer-Encoding\n": "chunked"}), "network.allowlist[1].transform", "RFC 9110 token"),
     (
         {"allowlist": [{"domain": "a.example.com", "transform": ["X-A: b"]}]},
         "network.allowlist[0].transform",

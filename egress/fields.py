@@ -1,0 +1,34 @@
+"""Header fields the proxy must not forward as they are (RFC 9110 §5.5).
+
+mitmproxy's HTTP/1 reader splits header lines on CRLF/LF only, so a bare CR (or a
+NUL) stays inside a field value and would be written upstream byte for byte. Many
+servers end a header line at a bare CR: `X-A: a<CR>Host: other.test` then carries a
+second Host header (past the proxy's Host check, beside an injected credential),
+and `X-A: a<CR>Transfer-Encoding: chunked` reframes the request behind the proxy.
+RFC 9110 §5.5: a recipient of CR, LF or NUL in a field value MUST reject the
+message or replace them with SP before forwarding. We reject: a client that sends
+them is not a client we need to keep working.
+
+Pure functions; the guard answers 400 with the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+_FORBIDDEN_IN_VALUE = re.compile(rb"[\r\n\x00]")
+
+
+def field_value_problem(fields: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """Why these (name, value) fields cannot be forwarded, or None. Never shows a value (it may be a credential)."""
+    for name, value in fields:
+        if _FORBIDDEN_IN_VALUE.search(value):
+            shown = name.decode("latin-1")
+            return f"header {shown!r}: value contains CR, LF or NUL (RFC 9110 section 5.5)"
+    return None
+
+
+def bad_request_body(problem: str) -> bytes:
+    return json.dumps({"error": "bad_request", "detail": problem}).encode()
