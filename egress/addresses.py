@@ -89,6 +89,10 @@ IPV4_RANGES: tuple[SpecialRange, ...] = (
     _r("100.64.0.0/10", C.SHARED, "shared address space, carrier-grade NAT (RFC 6598)"),
     _r("127.0.0.0/8", C.LOOPBACK, "loopback (RFC 1122)"),
     _r("169.254.0.0/16", C.LINK_LOCAL, "link-local, incl. cloud metadata 169.254.169.254 (RFC 3927)"),
+    # Not in the IANA registry, but the same kind of address as 169.254.169.254: Azure's
+    # WireServer, a host endpoint every VM reaches (VM agent configuration, certificates,
+    # health probes). A globally routed address, so nothing else would refuse it.
+    _r("168.63.129.16/32", C.LINK_LOCAL, "Azure WireServer host endpoint: cloud metadata, like 169.254.169.254"),
     _r("172.16.0.0/12", C.PRIVATE, "private-use (RFC 1918)"),
     _r("192.0.0.0/24", C.RESERVED, "IETF protocol assignments, not globally reachable (RFC 6890)"),
     _r("192.0.0.0/29", C.RESERVED, "IPv4 service continuity prefix, DS-Lite B4/AFTR inside the operator (RFC 7335)"),

@@ -28,6 +28,7 @@ TABLE = [
     ("0.1.2.3", C.UNSPECIFIED, "loopback"),
     ("::", C.UNSPECIFIED, "loopback"),
     ("169.254.169.254", C.LINK_LOCAL, "forbidden_address"),
+    ("168.63.129.16", C.LINK_LOCAL, "forbidden_address"),  # Azure WireServer: global, yet metadata
     ("169.254.0.1", C.LINK_LOCAL, "forbidden_address"),
     ("fe80::1", C.LINK_LOCAL, "forbidden_address"),
     ("febf:ffff::1", C.LINK_LOCAL, "forbidden_address"),
@@ -263,6 +264,7 @@ def test_allow_cidrs_version_mismatch_is_ignored():
         ("::1/128", "loopback"),
         ("169.254.0.0/16", "link_local"),
         ("169.254.169.254/32", "link_local"),
+        ("168.63.129.16/32", "link_local"),
         ("fe80::/10", "link_local"),
         ("224.0.0.0/4", "multicast"),
         ("ff00::/8", "multicast"),
