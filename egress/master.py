@@ -111,10 +111,9 @@ def listen_modes(mode: str, listen_host: str, listen_port: int) -> list[str]:
     ones to ::1, so a transparent proxy on one loopback also takes the other (IPv6
     only where the namespace has ::1), staying unreachable from outside the pod.
     """
-    other = {"127.0.0.1": "::1", "::1": "127.0.0.1"}.get(listen_host)
-    if mode != "transparent" or other is None or (other == "::1" and not _has_ipv6_loopback()):
+    if mode != "transparent":
         return [mode]
-    return [mode, f"transparent@{other}:{listen_port}"]
+    return [mode, *(f"transparent@{other}:{listen_port}" for other in _loopback_hosts(listen_host)[1:])]
 
 
 def dns_modes(host: str, port: int) -> list[str]:
@@ -123,11 +122,15 @@ def dns_modes(host: str, port: int) -> list[str]:
     The sandbox's redirected DNS arrives on 127.0.0.1 (IPv4) or ::1 (IPv6 packets to
     port 53), like its TCP.
     """
-    hosts = [host]
+    return [f"dns@{h}:{port}" for h in _loopback_hosts(host)]
+
+
+def _loopback_hosts(host: str) -> list[str]:
+    """`host`, and the other loopback when `host` is one (::1 only where the namespace has it)."""
     other = {"127.0.0.1": "::1", "::1": "127.0.0.1"}.get(host)
-    if other is not None and (other != "::1" or _has_ipv6_loopback()):
-        hosts.append(other)
-    return [f"dns@{h}:{port}" for h in hosts]
+    if other is None or (other == "::1" and not _has_ipv6_loopback()):
+        return [host]
+    return [host, other]
 
 
 def _has_ipv6_loopback() -> bool:
