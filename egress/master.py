@@ -15,7 +15,7 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from egress.addons import dns_layer
 from egress.addons.dns_filter import DnsFilter
 from egress.addons.environment_gate import ALLOWS_NOTHING, EnvironmentGate
-from egress.addons.failsafe import fail_closed, fail_closed_call
+from egress.addons.failsafe import fail_closed, fail_closed_call, fault_injected
 from egress.addons.guard import DestinationGuard
 from egress.addons.inject import CredentialInjector
 from egress.addons.lifecycle import Readiness
@@ -81,7 +81,10 @@ def build_master(
         dns_spec = (lambda: ALLOWS_NOTHING) if isinstance(holder, EnvironmentRegistry) else (lambda: holder.spec)
         dns_filter = DnsFilter(dns_spec, local.__contains__, log)
         m.addons.add(fail_closed(dns_filter))
-        dns_layer.install(fail_closed_call("DnsFilter", "dns_request", dns_filter.answer_now))
+        # The fast path is left out while a test fault is set for the hook: that must
+        # show the full path failing closed, and the fast path falls back to it anyway.
+        fast = None if fault_injected("DnsFilter", "dns_request") else dns_filter.answer_datagram
+        dns_layer.install(fail_closed_call("DnsFilter", "dns_request", dns_filter.answer_now), fast)
     settings: dict[str, object] = dict(
         listen_host=listen_host,
         listen_port=listen_port,

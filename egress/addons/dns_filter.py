@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 from mitmproxy import dns
 
+from egress import dns_fast, dns_wire
 from egress import dns_policy as dp
-from egress import dns_wire
 from egress.addons.dns_layer import DROP_KEY, RAW, UNPARSED, WIRE_KEY
 from egress.addresses import IPAddress
 from egress.audit import DecisionLog
@@ -99,6 +99,47 @@ class DnsFilter:
                 return False
         self._finish(flow, query, verdict, addresses, ttl)
         return True
+
+    def answer_datagram(self, packet: bytes, client: str) -> bytes | None:
+        """The answer to a UDP query of the common shape decided without I/O, else None.
+
+        The listener's fast path (egress/dns_udp.py), ahead of mitmproxy's parser and
+        connection handler: the same `decide`, address cache, filtering, answer writer,
+        counter and audit line as `answer_now`, read from the packet's bytes by
+        egress/dns_fast.py. None (another shape, a cache miss, report mode): the packet
+        goes the full way and `answer_now` / `dns_request` answer it.
+        """
+        read = dns_fast.read_simple_query(packet)
+        if read is None:
+            return None
+        query, advertised = read
+        spec = self._current_spec()
+        verdict = dp.decide(spec, query)
+        addresses: list[IPAddress] = []
+        ttl = dp.ANSWER_TTL
+        match verdict.action:
+            case dp.Action.LOOPBACK:
+                addresses = [dp.loopback_address(query.qtype)]
+            case dp.Action.RESOLVE:
+                hit = self.cache.get(spec, verdict.decision.host, dp.address_family(query.qtype))
+                if hit is None:
+                    return None
+                found, ttl = hit
+                addresses, verdict = dp.filter_addresses(spec, verdict, found, self._is_self)
+            case dp.Action.FORWARD | dp.Action.DROP:  # report mode; DROP: never for a query
+                return None
+        wire = dns_wire.answer(
+            packet,
+            rcode=verdict.rcode,
+            qtype=query.qtype,
+            addresses=addresses,
+            ttl=ttl,
+            opt_size=dp.OUR_UDP_PAYLOAD if query.opt_records == 1 else None,
+            limit=dp.udp_payload_limit(query.opt_records, advertised),
+        )
+        name = query.questions[0][0]
+        self.log.record_dns(verdict, client=client, name=name, qtype=dp.qtype_label(query.qtype))
+        return wire
 
     async def dns_request(self, flow: dns.DNSFlow) -> None:
         pending = flow.metadata.pop(_PENDING_KEY, None)

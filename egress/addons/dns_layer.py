@@ -51,6 +51,7 @@ _HEADER = struct.Struct("!HHHHHH")
 _LENGTH = struct.Struct("!H")
 AnswerNow = Callable[[dns.DNSFlow], "bool | None"]
 _answer_now: AnswerNow | None = None
+_answer_datagram: dns_udp.AnswerDatagram | None = None
 
 
 def header_only(data: bytes) -> dns.DNSMessage:
@@ -176,16 +177,18 @@ class FilteringDNSLayer(dns_layer.DNSLayer):
         yield commands.SendData(self.context.client, packed)
 
 
-def install(answer_now: AnswerNow | None = None) -> None:
+def install(answer_now: AnswerNow | None = None, answer_datagram: dns_udp.AnswerDatagram | None = None) -> None:
     """Make every `dns@...` listener of this process use `FilteringDNSLayer`.
 
     `answer_now(flow)`: called for each query before the `dns_request` hook; True when
     it answered (or dropped) the query, False to let the hook finish it, None when it
     failed (closed: SERVFAIL). egress/addons/dns_filter.py `DnsFilter.answer_now`,
-    wrapped by `failsafe.fail_closed_call`.
+    wrapped by `failsafe.fail_closed_call`. `answer_datagram`: the UDP socket's fast
+    path (egress/dns_udp.py), `DnsFilter.answer_datagram`.
     """
-    global _answer_now
+    global _answer_now, _answer_datagram
     _answer_now = answer_now
+    _answer_datagram = answer_datagram
     mode_servers.DnsInstance.make_top_layer = lambda self, context: FilteringDNSLayer(context)  # type: ignore[method-assign]
     # The UDP socket on the event loop instead of mitmproxy_rs's thread (egress/dns_udp.py);
     # mitmproxy only closes it and lists its `sockets`, which UdpListener provides.
@@ -193,4 +196,4 @@ def install(answer_now: AnswerNow | None = None) -> None:
 
 
 def _start_udp_listener(self: mode_servers.DnsInstance, host: str, port: int) -> Any:
-    return dns_udp.start_udp_listener(host, port, self.handle_stream)
+    return dns_udp.start_udp_listener(host, port, self.handle_stream, _answer_datagram)

@@ -205,6 +205,12 @@ def fail_closed[A](addon: A) -> A:
     return addon
 
 
+def fault_injected(owner: str, hook: str) -> bool:
+    """Whether EGRESS_TEST_FAULT names `owner.hook` or `hook` (tests only)."""
+    faults = _test_faults()
+    return f"{owner}.{hook}" in faults or hook in faults
+
+
 def fail_closed_call[F: Callable](owner: str, hook: str, func: F) -> F:
     """`func`, called by a layer in place of `hook`, guarded like that hook.
 
