@@ -11,10 +11,12 @@ test_reliability.py, test_parent_proxy.py and test_attack_corpus.py.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from mitmproxy.net.http.http1 import assemble_response
 
+import egress
 from egress import policy, refusals, upstream
 
 
@@ -170,3 +172,17 @@ def test_bodies_hold_only_the_documented_fields():
     for body in _bodies("h.test"):
         assert list(json.loads(body)) == ["error", "reason", "host"]
     assert list(json.loads(refusals.bad_request("p").content)) == ["error", "detail"]
+
+
+def test_no_other_module_builds_an_answer():
+    """Every answer to a client comes from egress.refusals (mitmproxy's own pages aside)."""
+    package = Path(egress.__file__).parent
+    builders = ("Response.make(", "make_error_response(", '"X-Egress-', '"egress_denied"', '"upstream_failed"', '"bad_request"')
+    elsewhere = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "refusals.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if any(b in line for b in builders)
+    ]
+    assert elsewhere == []
