@@ -9,12 +9,11 @@ RFC 9110 §5.5: a recipient of CR, LF or NUL in a field value MUST reject the
 message or replace them with SP before forwarding. We reject: a client that sends
 them is not a client we need to keep working.
 
-Pure functions; the guard answers 400 with the problem.
+Pure functions; the guard answers 400 with the problem (`egress.refusals.bad_request`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 
@@ -28,7 +27,3 @@ def field_value_problem(fields: Iterable[tuple[bytes, bytes]]) -> str | None:
             shown = name.decode("latin-1")
             return f"header {shown!r}: value contains CR, LF or NUL (RFC 9110 section 5.5)"
     return None
-
-
-def bad_request_body(problem: str) -> bytes:
-    return json.dumps({"error": "bad_request", "detail": problem}).encode()

@@ -8,7 +8,6 @@ Neither does I/O; resolution and local-address discovery are passed in.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -155,7 +154,3 @@ def unnamed(reason: str = NOT_ALLOWLISTED) -> Decision:
     dialling the address the client chose, which nothing has checked.
     """
     return Decision(host="", reason=reason)
-
-
-def deny_body(reason: str, host: str) -> bytes:
-    return json.dumps({"error": "egress_denied", "reason": reason, "host": host}).encode()

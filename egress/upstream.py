@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import socket
 
 from egress import parent_proxy
@@ -39,10 +38,6 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, ConnectionError) or getattr(exc, "errno", None) in _REFUSED_ERRNOS:
         return UPSTREAM_REFUSED
     return UPSTREAM_UNREACHABLE  # EHOSTUNREACH, ENETUNREACH, EADDRNOTAVAIL, ...
-
-
-def failure_body(reason: str, host: str) -> bytes:
-    return json.dumps({"error": "upstream_failed", "reason": reason, "host": host[:255]}).encode()
 
 
 async def dial(

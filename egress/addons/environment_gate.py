@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from mitmproxy import connection, ctx, http
 
-from egress import policy, proxy_auth
+from egress import policy, proxy_auth, refusals
 from egress.addons.limits import REFUSED
 from egress.audit import DecisionLog
 from egress.domains import Allowlist, HostError, normalize_host
@@ -39,18 +39,6 @@ from egress.spec import Spec
 
 logger = logging.getLogger(__name__)
 ALLOWS_NOTHING = Spec(allowlist=Allowlist())
-CONNECTION_LIMIT = "connection_limit"
-
-
-def auth_required_response(host: str, close: bool) -> http.Response:
-    headers = {
-        "Content-Type": "application/json",
-        "X-Egress-Denied": policy.PROXY_AUTH_REQUIRED,
-        "Proxy-Authenticate": f'Basic realm="{proxy_auth.REALM}"',
-    }
-    if close:
-        headers["Connection"] = "close"
-    return http.Response.make(407, policy.deny_body(policy.PROXY_AUTH_REQUIRED, host), headers)
 
 
 def _host(raw: str) -> str:
@@ -139,11 +127,7 @@ class EnvironmentGate:
         if cap and self.per_environment.get(result.environment, 0) >= cap:
             REFUSED.labels("per_environment").inc()
             logger.warning("refused a connection of environment %s: %d connections open", result.environment, cap)
-            flow.response = http.Response.make(
-                429,
-                policy.deny_body(CONNECTION_LIMIT, _host(flow.request.host)),
-                {"Content-Type": "application/json", "X-Egress-Denied": CONNECTION_LIMIT, "Connection": "close"},
-            )
+            flow.response = refusals.connection_limit(_host(flow.request.host))
             return False
         self.bound[client.id] = result.environment
         self.per_environment[result.environment] = self.per_environment.get(result.environment, 0) + 1
@@ -151,7 +135,7 @@ class EnvironmentGate:
 
     def _refuse(self, flow: http.HTTPFlow, environment: str, close: bool) -> None:
         host = _host(flow.request.host)
-        flow.response = auth_required_response(host, close)
+        flow.response = refusals.proxy_auth_required(host, close)
         decision = policy.Decision(host=host, reason=policy.PROXY_AUTH_REQUIRED, environment=environment)
         method = flow.request.method
         self.log.record(decision, client=_client_label(flow.client_conn), port=flow.request.port, method=method,

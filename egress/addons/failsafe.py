@@ -40,7 +40,7 @@ from mitmproxy import connection, dns, exceptions, hooks, http, tls
 from mitmproxy.proxy import layer, server_hooks
 from prometheus_client import Counter
 
-from egress import policy
+from egress import policy, refusals
 from egress.addons.tunnel import RefuseLayer
 
 logger = logging.getLogger(__name__)
@@ -101,10 +101,10 @@ def _refuse(hook: str, data: Any) -> str:
     """Make the hook's subject fail closed; returns what was done, for the log line."""
     if isinstance(data, http.HTTPFlow):
         if hook in _REQUEST_HOOKS:
-            data.response = _error_response(403, data.request.host)
+            data.response = refusals.internal_error(403, data.request.host)
             return "request refused"
         if hook in _RESPONSE_HOOKS:
-            data.response = _error_response(502, data.request.host)
+            data.response = refusals.internal_error(502, data.request.host)
             return "response replaced"
     elif isinstance(data, tls.ClientHelloData):
         # Neither intercept nor forward: the passthrough layer's upstream connection
@@ -127,15 +127,6 @@ def _refuse(hook: str, data: Any) -> str:
         data.error = f"egress: {policy.INTERNAL_ERROR}"
         return "client connection refused"
     return "nothing to refuse"
-
-
-def _error_response(status: int, host: str) -> http.Response:
-    reason = policy.INTERNAL_ERROR
-    return http.Response.make(
-        status,
-        policy.deny_body(reason, host[:255]),
-        {"Content-Type": "application/json", "X-Egress-Denied": reason, "Connection": "close"},
-    )
 
 
 def _where(exc: BaseException) -> str:

@@ -34,7 +34,7 @@ from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.net.http import url
 from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
 
-from egress import clienthello, metrics, policy, upstream
+from egress import clienthello, metrics, policy, refusals, upstream
 from egress.addons.tunnel import (
     RefuseLayer,
     RelayLayer,
@@ -46,7 +46,7 @@ from egress.addresses import IPAddress
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.domains import HostError, normalize_host
-from egress.fields import bad_request_body, field_value_problem
+from egress.fields import field_value_problem
 from egress.parent_proxy import ParentProxy
 from egress.relay import Side
 
@@ -82,22 +82,6 @@ class ClientState:
             raise RuntimeError(f"allowed destination {host}:{port} came without a checked address")
         self.pins[(host, port)] = address
         return address
-
-
-def deny_response(reason: str, host: str) -> http.Response:
-    return http.Response.make(
-        403,
-        policy.deny_body(reason, host),
-        {"Content-Type": "application/json", "X-Egress-Denied": reason},
-    )
-
-
-def upstream_failed_response(reason: str, host: str) -> http.Response:
-    return http.Response.make(
-        upstream.STATUS[reason],
-        upstream.failure_body(reason, host),
-        {"Content-Type": "application/json", "X-Egress-Error": reason},
-    )
 
 
 async def _dial(address: IPAddress, port: int, parent: ParentProxy | None) -> Side:
@@ -159,7 +143,7 @@ class DestinationGuard:
         host, port = flow.request.host, flow.request.port
         decision, address = await self.checker.check(host, port, flow.client_conn.id)
         if not decision.allowed:
-            flow.response = deny_response(decision.reason, decision.host)
+            flow.response = refusals.denied(decision.reason, decision.host)
             self.log.record(decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel")
             return
         state = self._state(flow.client_conn)
@@ -171,7 +155,7 @@ class DestinationGuard:
         try:
             side = await _dial(address, port, self.parent)
         except upstream.DialFailed as failure:
-            flow.response = upstream_failed_response(failure.reason, decision.host)
+            flow.response = refusals.upstream_failed(failure.reason, decision.host)
             self.log.record(
                 decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel",
                 error=failure.reason,
@@ -185,12 +169,12 @@ class DestinationGuard:
             return
         if (problem := field_value_problem(flow.request.headers.fields)) is not None:
             # Not a destination decision: refused like any malformed request, before one is made.
-            flow.response = http.Response.make(400, bad_request_body(problem), {"Content-Type": "application/json"})
+            flow.response = refusals.bad_request(problem)
             return
         decision = await self._check_request(flow)
         flow.metadata[DECISION_KEY] = decision
         if not decision.allowed:
-            flow.response = deny_response(decision.reason, decision.host)
+            flow.response = refusals.denied(decision.reason, decision.host)
             self.log.record(
                 decision, client=_client_label(flow.client_conn), port=flow.request.port, method=flow.request.method
             )

@@ -26,7 +26,6 @@ against header size DoS"); `install_head_limit` bounds them at
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 
@@ -36,6 +35,8 @@ from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 from prometheus_client import Counter
+
+from egress import refusals
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ TIMEOUTS = Counter(
     "Connections or requests ended by a proxy timeout (connect, read, header).",
     ["kind"],
 )
-READ_TIMEOUT = "read_timeout"
 
 
 @dataclass
@@ -246,7 +246,7 @@ class ConnectionLimits:
         if server.connected and not server.tls and server.alpn in (None, b"", b"http/1.1") and server in handler.transports:
             # Plain HTTP/1: answer as the upstream would have, so the client gets a real
             # 504 through the normal response path; `Connection: close` drops the upstream.
-            answer = _gateway_timeout(flow.request.host, seconds)
+            answer = refusals.read_timeout(flow.request.host)
             task = asyncio.get_running_loop().create_task(handler.server_event(events.DataReceived(server, answer)))
             _background.add(task)
             task.add_done_callback(_background.discard)
@@ -274,18 +274,6 @@ def _cancel_transport(client: connection.Client, conn: connection.Connection, re
         io.handler.cancel(reason)
 
 
-def _gateway_timeout(host: str, seconds: int) -> bytes:
-    body = json.dumps({"error": "upstream_error", "reason": READ_TIMEOUT, "host": host[:255]}).encode()
-    head = (
-        "HTTP/1.1 504 Gateway Timeout\r\n"
-        "Content-Type: application/json\r\n"
-        f"X-Egress-Error: {READ_TIMEOUT}\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 class _HeadLimit:
     max_bytes = 65536
     installed = False
@@ -302,7 +290,7 @@ def install_head_limit() -> None:
         yield from server_read(self, event)
         if self.state == self.read_headers and len(self.buf) > _HeadLimit.max_bytes:
             yield commands.Log(f"request head over {_HeadLimit.max_bytes} bytes: 431", logging.INFO)
-            yield commands.SendData(self.conn, _http1.make_error_response(431, "request header fields too large"))
+            yield commands.SendData(self.conn, refusals.head_too_large())
             yield commands.CloseConnection(self.conn)
             self.state = self.done
 

@@ -153,20 +153,7 @@ class DnsSandbox(Sandbox):
 
     def start_dns_proxy(self, spec_text: str, *extra: str) -> ProxyProcess:
         self.dns_port = self.free_port()
-        proxy = ProxyProcess(
-            self,
-            spec_text,
-            ["--upstream-ca", str(self.upstream_ca), "--mode", "transparent",
-             "--dns-listen", f"127.0.0.1:{self.dns_port}", *extra],
-            env=None,
-            name="spec.yaml",
-        )  # fmt: skip
-        proxy.start()
-        self.proxy = proxy
-        bundle = self.public / "client-ca.pem"
-        bundle.write_text(proxy.ca.read_text() + self.upstream_ca.read_text())
-        bundle.chmod(0o644)
-        return proxy
+        return self.start_proxy(spec_text, extra=("--dns-listen", f"127.0.0.1:{self.dns_port}", *extra))
 
     def all_queries(self) -> str:
         return "\n".join(r.queries() for r in self.resolvers)

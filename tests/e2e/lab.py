@@ -65,6 +65,23 @@ EXTRA_HOST_LINES = [
 CANARY_PORT = 7777
 
 
+def hosts_file_text() -> str:
+    """/etc/hosts of every test namespace and container: the test host names."""
+    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost"]
+    lines += [f"{address} {name}" for name, address in HOSTS.items()]
+    lines += EXTRA_HOST_LINES
+    return "\n".join(lines) + "\n"
+
+
+def write_netns_etc(netns: str) -> None:
+    """/etc/netns/NETNS/{hosts,resolv.conf}, what `ip netns exec NETNS` mounts over /etc."""
+    etc = Path("/etc/netns") / netns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text(hosts_file_text())
+    # No resolver: names outside the hosts file fail at once instead of timing out.
+    (etc / "resolv.conf").write_text("options timeout:1 attempts:1\nnameserver 127.0.0.53\n")
+
+
 def run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
 
@@ -81,6 +98,27 @@ def in_netns(name: str):
         os.setns(home, os.CLONE_NEWNET)
         os.close(home)
         os.close(target)
+
+
+def http_get_in_netns(
+    netns: str, port: int, path: str, timeout: float = 2.0, host: str = "127.0.0.1"
+) -> tuple[int, str]:
+    """GET http://HOST:PORT/PATH from inside `netns` (status 0: no answer)."""
+    with in_netns(netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect((host, port))
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    except OSError:
+        return 0, ""
+    finally:
+        sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return (int(head.split()[1]) if head else 0), body.decode("utf-8", "replace")
 
 
 def _cert(subject: str, key, issuer_cert=None, issuer_key=None, sans=(), ca=False):
@@ -186,14 +224,7 @@ class Lab:
                 run([*uns, "ip", "addr", "add", f"{address}/24", "dev", vu])
         run([*pns, "ip", "link", "set", vp, "up"])
         run([*uns, "ip", "link", "set", vu, "up"])
-        etc = Path("/etc/netns") / self.proxy_ns
-        etc.mkdir(parents=True, exist_ok=True)
-        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost"]
-        lines += [f"{address} {name}" for name, address in HOSTS.items()]
-        lines += EXTRA_HOST_LINES
-        (etc / "hosts").write_text("\n".join(lines) + "\n")
-        # No resolver: names outside the hosts file fail at once instead of timing out.
-        (etc / "resolv.conf").write_text("options timeout:1 attempts:1\nnameserver 127.0.0.53\n")
+        write_netns_etc(self.proxy_ns)
         self._make_certificates()
         self._make_git_repo()
         self._start_upstream()
@@ -350,22 +381,7 @@ class ProxyProcess:
 
     def get_ops(self, path: str) -> tuple[int, str]:
         """GET on the metrics listener (from inside the namespace)."""
-        with in_netns(self.lab.proxy_ns):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(2)
-            sock.connect(("127.0.0.1", self.metrics_port))
-            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-        except OSError:
-            return 0, ""
-        finally:
-            sock.close()
-        head, _, body = data.partition(b"\r\n\r\n")
-        status = int(head.split()[1]) if head else 0
-        return status, body.decode()
+        return http_get_in_netns(self.lab.proxy_ns, self.metrics_port, path)
 
     def stdout(self) -> str:
         return self.stdout_path.read_text()

@@ -25,13 +25,12 @@ from pathlib import Path
 
 from e2e.lab import (
     EGRESS_PROXY,
-    EXTRA_HOST_LINES,
     HERE,
-    HOSTS,
     Lab,
     ProxyProcess,
     in_netns,
     run,
+    write_netns_etc,
 )
 
 SANDBOX_V4, SANDBOX_GW_V4 = "198.18.1.1", "198.18.1.2"
@@ -128,15 +127,7 @@ class Sandbox:
         run([*uns, "ip", "link", "set", vt, "up"])
         run([*sns, "ip", "route", "add", "198.18.0.0/15", "via", SANDBOX_GW_V4])
         run([*sns, "ip", "-6", "route", "add", "2001:2::/48", "via", SANDBOX_GW_V6])
-        etc = Path("/etc/netns") / ns
-        etc.mkdir(parents=True, exist_ok=True)
-        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost"]
-        lines += [f"{address} {name}" for name, address in HOSTS.items()]
-        lines += EXTRA_HOST_LINES
-        (etc / "hosts").write_text("\n".join(lines) + "\n")
-        (etc / "resolv.conf").write_text(
-            "options timeout:1 attempts:1\nnameserver 127.0.0.53\n"
-        )
+        write_netns_etc(ns)
         self.udp = UdpEcho(lab.upstream_ns, self.udp_ports)
 
     def _create_namespace(self) -> None:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
-from e2e.lab import EXTRA_HOST_LINES, HOSTS, in_netns
+from e2e.lab import hosts_file_text, http_get_in_netns
 
 REPO = Path(__file__).resolve().parents[2]
 PODMAN = str(REPO / "scripts" / "podman.sh")
@@ -104,27 +103,6 @@ def container_logs(name: str) -> str:
     return out.stdout + out.stderr
 
 
-def http_get_in_netns(
-    netns: str, port: int, path: str, timeout: float = 2.0, host: str = "127.0.0.1"
-) -> tuple[int, str]:
-    """GET http://HOST:PORT/PATH from inside `netns` (status 0: no answer)."""
-    with in_netns(netns):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(timeout)
-        sock.connect((host, port))
-        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    except OSError:
-        return 0, ""
-    finally:
-        sock.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return (int(head.split()[1]) if head else 0), body.decode("utf-8", "replace")
-
-
 def wait_http_ok(netns: str, port: int, path: str, deadline_s: float, alive=lambda: True) -> float:
     """Polls until GET answers 200; returns when it did (time.monotonic()). Raises on timeout."""
     end = time.monotonic() + deadline_s
@@ -140,10 +118,7 @@ def wait_http_ok(netns: str, port: int, path: str, deadline_s: float, alive=lamb
 def hosts_file(path: Path) -> Path:
     """/etc/hosts for containers: the test host names (podman's --add-host is ignored for
     pods without a network of podman's own, so the file is mounted, as kubelet does)."""
-    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost"]
-    lines += [f"{address} {name}" for name, address in HOSTS.items()]
-    lines += EXTRA_HOST_LINES
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(hosts_file_text())
     path.chmod(0o644)
     return path
 

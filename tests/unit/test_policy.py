@@ -289,27 +289,6 @@ def test_report_mode_keeps_not_allowlisted_reason_when_address_is_fine():
     assert (decision.reason, decision.label) == ("not_allowlisted", "reported")
 
 
-# --- deny body ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("reason", policy.REASONS)
-def test_deny_body_shape(reason):
-    body = policy.deny_body(reason, "api.example.com")
-    assert isinstance(body, bytes)
-    parsed = json.loads(body)
-    assert parsed == {
-        "error": "egress_denied",
-        "reason": reason,
-        "host": "api.example.com",
-    }
-    assert list(parsed) == ["error", "reason", "host"]
-
-
-def test_deny_body_escapes_host():
-    body = policy.deny_body("not_allowlisted", 'a"b\n<script>')
-    assert json.loads(body)["host"] == 'a"b\n<script>'
-
-
 def test_reason_codes_are_the_public_ones():
     public = {
         "not_allowlisted",
