@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.net.http import url
 from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
+from mitmproxy.proxy.layers.http import HTTPMode
 
-from egress import clienthello, metrics, policy, upstream
+from egress import clienthello, metrics, policy, tunnel_start, upstream
 from egress.addons.tunnel import (
     RefuseLayer,
     RelayLayer,
@@ -270,17 +271,26 @@ class DestinationGuard:
         if tunnel is None and not (transparent and len(context.layers) == 1):
             return  # not a tunnel (plain HTTP, the first layer of a regular proxy)
         data = nextlayer.data_client()
-        if clienthello.tls_header_prefix(data):
-            raise exceptions.AddonHalt  # could still become a TLS record header: wait
-        if not clienthello.starts_like_tls(data):
-            # Not TLS: HTTP inside the tunnel is checked request by request as before;
-            # anything else is mitmproxy's (raw TCP to the checked address, or refused).
-            # Either way mitmproxy's connect takes the connection dialled at CONNECT.
+        # Which checks apply is decided here, not by mitmproxy's guess (`egress.tunnel_start`).
+        start = tunnel_start.classify(data)
+        if start is tunnel_start.Start.WAIT:
+            raise exceptions.AddonHalt  # could still become a TLS record or a request line: wait
+        if start in (tunnel_start.Start.HTTP, tunnel_start.Start.OTHER):
+            # HTTP inside the tunnel is checked request by request as before; anything
+            # else is mitmproxy's (raw TCP to the checked address, or refused). Either
+            # way mitmproxy's connect takes the connection dialled at CONNECT.
             if tunnel is not None:
                 tunnel.decided = True
+            if start is tunnel_start.Start.HTTP:
+                nextlayer.layer = layers.HttpLayer(context, HTTPMode.transparent)
             return
         try:
-            hello = clienthello.parse_records(data)
+            # TLS a server would accept but the proxy cannot read is a server_name that names nothing valid.
+            hello = (
+                clienthello.parse_records(data)
+                if start is tunnel_start.Start.TLS
+                else clienthello.Hello(clienthello.INVALID)
+            )
         except clienthello.HelloError:
             hello = clienthello.Hello(clienthello.INVALID)
         if hello is None:

@@ -1,0 +1,335 @@
+"""End-to-end: second red-team pass on what a CONNECT tunnel carries before the proxy has decided.
+
+The first pass (test_passthrough.py, test_attack_corpus.py) checked the server_name of
+well-formed ClientHellos. Here the attacker shapes the *first bytes* of the tunnel so the
+proxy's "is this TLS?" question gets the wrong answer while the upstream server still
+reads TLS (or HTTP): record versions real servers accept but mitmproxy's check does not,
+SSLv2-compatible hellos, an HTTP request whose first segment is one byte. Real TLS stacks
+(Python's OpenSSL) do the handshakes, so a row fails only if a real server would really
+have been reached with something the proxy did not check.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+import uuid
+
+import pytest
+
+from e2e.lab import HOSTS, Lab, in_netns
+
+SECRET = "rt2-secret-" + uuid.uuid4().hex[:12]
+SPEC = f"""
+network:
+  allowCidrs: ["198.18.0.0/15"]
+  allowlist:
+    - domain: api.example.test
+      transform:
+        Authorization: "Bearer {SECRET}"
+    - domain: passthrough.test
+    - domain: plain.test
+"""
+
+
+@pytest.fixture(scope="module")
+def proxy(lab: Lab):
+    proxy = lab.start_proxy(SPEC)
+    yield proxy
+    proxy.stop()
+    assert SECRET not in proxy.stdout() + proxy.stderr()
+
+
+def connect(lab: Lab, proxy, host: str, port: int) -> socket.socket:
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    return sock
+
+
+def marked_path() -> str:
+    return "/rt2-" + uuid.uuid4().hex[:12]
+
+
+def reached(lab: Lab, path: str) -> list[dict]:
+    return [r for r in lab.upstream_requests() if r["path"].startswith(path)]
+
+
+def tls_through(sock: socket.socket, server_hostname: str, cafile, patch=lambda first: first) -> ssl.SSLObject:
+    """A real OpenSSL client handshake over `sock`; `patch` rewrites the first flight (the ClientHello)."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+    first = True
+    sock.settimeout(5)
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            pass
+        data = outgoing.read()
+        if data:
+            sock.sendall(patch(data) if first else data)
+            first = False
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("closed during the handshake")
+        incoming.write(chunk)
+    if data := outgoing.read():
+        sock.sendall(data)
+    tls.sock, tls.incoming, tls.outgoing = sock, incoming, outgoing  # type: ignore[attr-defined]
+    return tls
+
+
+def tls_request(tls, request: bytes) -> bytes:
+    tls.write(request)
+    tls.sock.sendall(tls.outgoing.read())
+    answer = b""
+    deadline = time.monotonic() + 5
+    while b"\r\n\r\n" not in answer and time.monotonic() < deadline:
+        chunk = tls.sock.recv(65536)
+        if not chunk:
+            break
+        tls.incoming.write(chunk)
+        try:
+            answer += tls.read(65536)
+        except ssl.SSLWantReadError:
+            pass
+    return answer
+
+
+def record_version(minor: int):
+    """Rewrite the first record header's version to 3.`minor` (what real servers accept on the first record)."""
+    return lambda first: first[:1] + bytes([0x03, minor]) + first[3:]
+
+
+def one_byte_records(first: bytes) -> bytes:
+    """The same ClientHello, re-framed as one TLS record per handshake byte (RFC 8446 §5.1 allows it)."""
+    assert first[0] == 0x16
+    size = int.from_bytes(first[3:5], "big")
+    message, rest = first[5 : 5 + size], first[5 + size :]
+    return b"".join(b"\x16\x03\x01\x00\x01" + bytes([b]) for b in message) + rest
+
+
+# -- TLS the proxy's check would not call TLS, but servers do -------------------------------------
+
+UNREADABLE_HELLOS = {"record-3.4": record_version(4), "record-3.5": record_version(5), "record-3.255": record_version(255)}
+
+
+@pytest.mark.parametrize("patch", UNREADABLE_HELLOS.values(), ids=UNREADABLE_HELLOS.keys())
+def test_passthrough_hello_with_an_odd_record_version_is_still_checked(lab, proxy, patch):
+    """CONNECT passthrough.test, ClientHello naming other.test in a record OpenSSL accepts:
+    the server_name must still be checked (it was relayed unchecked as raw TCP)."""  # was a defect
+    sock = connect(lab, proxy, "passthrough.test", 443)
+    try:
+        with pytest.raises((ConnectionResetError, ssl.SSLError, TimeoutError)):
+            tls_through(sock, "other.test", lab.upstream_ca, patch)
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("patch", UNREADABLE_HELLOS.values(), ids=UNREADABLE_HELLOS.keys())
+def test_intercepted_entry_cannot_be_reached_around_interception(lab, proxy, patch):
+    """A transform entry forces interception (Host checked, credential injected): a ClientHello
+    the proxy's TLS layer would not recognise must not open a direct TLS session to the
+    upstream instead, where the Host header goes unchecked."""  # was a defect
+    path = marked_path()
+    sock = connect(lab, proxy, "api.example.test", 443)
+    try:
+        try:
+            tls = tls_through(sock, "api.example.test", lab.upstream_ca, patch)
+        except (ConnectionResetError, ssl.SSLError, TimeoutError):
+            pass
+        else:
+            tls_request(tls, f"GET {path} HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n".encode())
+    finally:
+        sock.close()
+    assert not reached(lab, path)
+
+
+def test_hello_in_one_byte_records_sent_slowly_is_checked_and_relayed(lab, proxy):
+    """A ClientHello fragmented over many records and segments (legitimate per RFC 8446 §5.1)
+    reaches the right upstream when its name is right..."""
+    path = marked_path()
+
+    def slowly(first: bytes) -> bytes:
+        data = one_byte_records(first)
+        for i in range(0, len(data) - 50, 50):
+            sock.sendall(data[i : i + 50])
+            time.sleep(0.002)
+        return data[i + 50 :]
+
+    sock = connect(lab, proxy, "passthrough.test", 443)
+    try:
+        tls = tls_through(sock, "passthrough.test", lab.upstream_ca, slowly)
+        answer = tls_request(tls, f"GET {path} HTTP/1.1\r\nHost: passthrough.test\r\nConnection: close\r\n\r\n".encode())
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    (hit,) = reached(lab, path)
+    assert hit["local"] == HOSTS["passthrough.test"]
+
+
+def test_hello_in_one_byte_records_naming_another_host_is_refused(lab, proxy):
+    sock = connect(lab, proxy, "passthrough.test", 443)
+    try:
+        with pytest.raises((ConnectionResetError, ssl.SSLError, TimeoutError)):
+            tls_through(sock, "other.test", lab.upstream_ca, one_byte_records)
+    finally:
+        sock.close()
+
+
+# -- plain HTTP whose first segment is too short to look like HTTP ------------------------------
+
+
+@pytest.mark.parametrize("first", [b"G", b"GE", b"\r\n", b"\r", b"\n"], ids=repr)
+def test_http_request_starting_with_a_short_segment_is_still_checked(lab, proxy, first):
+    """`CONNECT plain.test:80`, then `G` ... `ET / HTTP/1.1 Host: other.test`: the Host header
+    must still be checked (mitmproxy took a first segment under 3 bytes for raw TCP)."""  # was a defect
+    path = marked_path()
+    sock = connect(lab, proxy, "plain.test", 80)
+    request = f"GET {path} HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n".encode()
+    rest = request[len(first) :] if request.startswith(first) else request
+    try:
+        sock.sendall(first)
+        time.sleep(0.3)
+        sock.sendall(rest)
+        sock.settimeout(5)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    finally:
+        sock.close()
+    assert not reached(lab, path)
+    assert b"host_mismatch" in answer, answer
+
+
+def test_ssh_banner_in_a_tunnel_is_relayed_to_the_checked_address(lab, proxy):
+    """Anything that is neither TLS nor HTTP goes, as raw TCP, to the checked address only
+    (here the lab's HTTP server, which answers an SSH banner with its HTTP/0.9 error page)."""
+    sock = connect(lab, proxy, "plain.test", 80)
+    try:
+        sock.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        sock.settimeout(5)
+        answer = sock.recv(65536)
+    finally:
+        sock.close()
+    assert b"Bad request" in answer, answer
+
+
+def test_slow_http_with_the_right_host_still_works(lab, proxy):
+    """Positive control: waiting for the request line does not break a client that writes slowly."""
+    path = marked_path()
+    sock = connect(lab, proxy, "plain.test", 80)
+    try:
+        for piece in (b"G", b"ET ", f"{path} HTTP/1.1\r".encode(), b"\nHost: plain.test\r\nConnection: close\r\n\r\n"):
+            sock.sendall(piece)
+            time.sleep(0.1)
+        sock.settimeout(5)
+        answer = sock.recv(65536)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert [h["local"] for h in reached(lab, path)] == [HOSTS["plain.test"]]
+
+
+# -- transparent mode: the same first bytes, redirected from the sandbox ----------------------------
+
+TRANSPARENT_SPEC = f"""
+network:
+  allowCidrs: ["198.18.0.0/15"]
+  allowlist:
+    - domain: api.example.test
+      transform:
+        Authorization: "Bearer {SECRET}"
+    - domain: a.example.test
+    - domain: plain.test
+"""
+ATTACKER = HOSTS["evilexample.test"]  # not allowlisted: where the sandbox's packets are addressed
+# Runs in the sandbox as `nobody` (redirected): sends the bytes in two writes, prints what came back.
+_SEND_IN_TWO = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+data, cut = bytes.fromhex(sys.argv[3]), int(sys.argv[4])
+s.sendall(data[:cut])
+time.sleep(0.3)
+s.sendall(data[cut:])
+out = b""
+try:
+    while chunk := s.recv(65536):
+        out += chunk
+except OSError:
+    pass
+print(out.hex())
+"""
+
+
+@pytest.fixture(scope="module")
+def sandbox(lab: Lab):
+    from e2e.transparent_lab import Sandbox
+
+    box = Sandbox(lab)
+    try:
+        box.start()
+        proxy = box.start_proxy(TRANSPARENT_SPEC)
+        applied = box.redirect_rules("--proxy-port", str(proxy.port), "--proxy-uid", "0", "--apply")
+        assert applied.returncode == 0, applied.stderr
+        yield box
+    finally:
+        box.stop()
+    assert SECRET not in proxy.stdout() + proxy.stderr()
+
+
+def send_in_two(box, address: str, port: int, data: bytes, cut: int) -> bytes:
+    out = box.exec("/usr/bin/python3", "-I", "-c", _SEND_IN_TWO, address, str(port), data.hex(), str(cut))
+    assert out.returncode == 0, out.stderr
+    return bytes.fromhex(out.stdout.strip())
+
+
+def openssl_hello(server_hostname: str) -> bytes:
+    context = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+SSL2_HELLO = b"\x80\x2e\x01\x03\x03\x00\x15\x00\x00\x00\x10" + b"\x00\xc0\x2f" * 7 + b"\x11" * 16
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [record_version(4)(openssl_hello("api.example.test")), record_version(5)(openssl_hello("a.example.test")), SSL2_HELLO],
+    ids=["transform-record-3.4", "passthrough-record-3.5", "sslv2"],
+)
+def test_transparent_tls_the_proxy_cannot_read_is_no_sni(lab, sandbox, hello):
+    """Record version 3.4 with a transform entry's name went around interception to the
+    upstream (its ServerHello came back); every such start is now `no_sni`."""  # was a defect
+    seen = len(sandbox.proxy.audit())
+    assert send_in_two(sandbox, ATTACKER, 443, hello, len(hello)) == b""
+    entries = [e for e in sandbox.proxy.audit()[seen:] if e.get("event") == "tunnel"]
+    assert [(e["decision"], e["reason"]) for e in entries] == [("blocked", "no_sni")]
+
+
+def test_transparent_http_whose_first_write_is_one_byte_is_served(lab, sandbox):
+    """`G`, then the rest: an HTTP request, checked by its Host (it was refused as raw TCP)."""
+    path = marked_path()
+    request = f"GET {path} HTTP/1.1\r\nHost: plain.test\r\nConnection: close\r\n\r\n".encode()
+    answer = send_in_two(sandbox, ATTACKER, 80, request, 1)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert [h["local"] for h in reached(lab, path)] == [HOSTS["plain.test"]]
