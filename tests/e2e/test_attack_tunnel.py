@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
 import time
 import uuid
 
 import pytest
 
-from e2e.lab import HOSTS, Lab, in_netns
+from e2e.lab import CANARY_PORT, HOSTS, Lab, in_netns
 
 SECRET = "rt2-secret-" + uuid.uuid4().hex[:12]
 SPEC = f"""
@@ -64,9 +65,9 @@ def reached(lab: Lab, path: str) -> list[dict]:
     return [r for r in lab.upstream_requests() if r["path"].startswith(path)]
 
 
-def tls_through(sock: socket.socket, server_hostname: str, cafile, patch=lambda first: first) -> ssl.SSLObject:
+def tls_through(sock: socket.socket, server_hostname: str, cafile, patch=lambda first: first, context=None) -> ssl.SSLObject:
     """A real OpenSSL client handshake over `sock`; `patch` rewrites the first flight (the ClientHello)."""
-    context = ssl.create_default_context(cafile=str(cafile))
+    context = context or ssl.create_default_context(cafile=str(cafile))
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = context.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
     first = True
@@ -333,3 +334,151 @@ def test_transparent_http_whose_first_write_is_one_byte_is_served(lab, sandbox):
     answer = send_in_two(sandbox, ATTACKER, 80, request, 1)
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert [h["local"] for h in reached(lab, path)] == [HOSTS["plain.test"]]
+
+
+# -- a CONNECT inside a tunnel -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["other.test:80", "plain.test:80", f"127.0.0.1:{CANARY_PORT}", "passthrough.test:443"])
+def test_connect_inside_a_plain_http_tunnel_opens_nothing_new(lab, proxy, target):
+    """CONNECT plain.test:80, then `CONNECT <target>` inside it, then a request for other.test:
+    the inner CONNECT is no second tunnel, and other.test / the canary are never reached."""
+    path = marked_path()
+    canary_hits = len(lab.canary.hits)
+    sock = connect(lab, proxy, "plain.test", 80)
+    try:
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        time.sleep(0.3)
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n".encode())
+        sock.settimeout(5)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    finally:
+        sock.close()
+    assert not reached(lab, path), answer
+    assert not [r for r in lab.upstream_requests() if r["method"] == "CONNECT"]
+    assert len(lab.canary.hits) == canary_hits
+
+
+# -- real clients: what they send as CONNECT host and SNI ------------------------------------------
+
+
+def s_client(lab: Lab, proxy, connect: str, *sni_args: str, path: str) -> subprocess.CompletedProcess:
+    request = f"GET {path} HTTP/1.1\r\nHost: {connect.split(':')[0]}\r\nConnection: close\r\n\r\n"
+    return subprocess.run(
+        ["ip", "netns", "exec", lab.proxy_ns, "openssl", "s_client", "-quiet", "-verify_return_error",
+         "-CAfile", str(lab.upstream_ca), "-proxy", f"127.0.0.1:{proxy.port}", "-connect", connect, *sni_args],
+        input=request, capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "sni_args, allowed",
+    [(("-servername", "passthrough.test"), True), (("-noservername",), True), (("-servername", "PassThrough.TEST"), True),
+     (("-servername", "other.test"), False), (("-servername", "api.example.test"), False)],
+    ids=["same", "none", "case", "other", "transform-entry"],
+)  # fmt: skip
+def test_openssl_s_client_server_name_against_the_connect_host(lab, proxy, sni_args, allowed):
+    path = marked_path()
+    out = s_client(lab, proxy, "passthrough.test:443", *sni_args, path=path)
+    hits = reached(lab, path)
+    if allowed:
+        assert out.stdout.startswith("HTTP/1.1 200"), out.stderr[-2000:]
+        assert [h["local"] for h in hits] == [HOSTS["passthrough.test"]]
+    else:
+        assert not hits and "HTTP/1.1" not in out.stdout, out.stdout
+
+
+def test_curl_connect_to_with_another_server_name_is_refused(lab, proxy):
+    """`curl --connect-to other.test:443:passthrough.test:443 https://other.test/`: the CONNECT names
+    passthrough.test and the SNI other.test (a fronting attempt with a stock client)."""
+    path = marked_path()
+    out = lab.exec(
+        "curl", "-sS", "--max-time", "10", "-x", proxy.url, "--cacert", str(lab.upstream_ca),
+        "--connect-to", "other.test:443:passthrough.test:443", f"https://other.test{path}",
+    )  # fmt: skip
+    assert out.returncode != 0 and not reached(lab, path), (out.stdout, out.stderr)
+    # The positive control: the same flags naming passthrough.test itself.
+    out = lab.exec(
+        "curl", "-sS", "--max-time", "10", "-x", proxy.url, "--cacert", str(lab.upstream_ca), "-o", "/dev/null",
+        "-w", "%{http_code}", "--connect-to", "passthrough.test:443:passthrough.test:443", f"https://passthrough.test{path}",
+    )  # fmt: skip
+    assert out.stdout == "200", out.stderr
+
+
+def _huge_alpn_context(cafile) -> ssl.SSLContext:
+    """A real OpenSSL client whose ClientHello is over 16 KiB (as large post-quantum key shares
+    make them): 80 ALPN names of 250 bytes; OpenSSL splits it over two TLS records."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    context.set_alpn_protocols([f"x{i:03d}".ljust(250, "y") for i in range(80)] + ["http/1.1"])
+    return context
+
+
+@pytest.mark.parametrize("sni, allowed", [("passthrough.test", True), ("other.test", False)])
+def test_client_hello_over_16_kib_in_two_records(lab, proxy, sni, allowed):
+    path = marked_path()
+    firsts: list[bytes] = []
+
+    def keep(first: bytes) -> bytes:
+        firsts.append(first)
+        return first
+
+    sock = connect(lab, proxy, "passthrough.test", 443)
+    try:
+        if allowed:
+            tls = tls_through(sock, sni, lab.upstream_ca, keep, context=_huge_alpn_context(lab.upstream_ca))
+            answer = tls_request(tls, f"GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n".encode())
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        else:
+            with pytest.raises((ConnectionResetError, ssl.SSLError, TimeoutError)):
+                tls_through(sock, sni, lab.upstream_ca, keep, context=_huge_alpn_context(lab.upstream_ca))
+    finally:
+        sock.close()
+    assert len(firsts[0]) > 16384 + 5 and firsts[0][5 + 16384] == 0x16  # really two records
+    assert [h["local"] for h in reached(lab, path)] == ([HOSTS["passthrough.test"]] if allowed else [])
+
+
+# -- encrypted_client_hello (0xfe0d): decided on the outer ClientHello --------------------------------
+
+ECH = 0xFE0D
+# An ECHClientHello of type outer (RFC 9849 §5): HPKE suite, config_id, enc, payload. What Chrome
+# sends as GREASE has this shape too, with random bytes: the proxy cannot tell the two apart.
+ECH_OUTER = b"\x00" + b"\x00\x01\x00\x01" + b"\x2a" + b"\x00\x20" + b"\x33" * 32 + b"\x00\x90" + b"\x44" * 144
+
+
+def with_extension(first: bytes, kind: int, data: bytes) -> bytes:
+    """A real one-record ClientHello with one more extension appended (lengths fixed up)."""
+    size = int.from_bytes(first[3:5], "big")
+    record, rest = first[5 : 5 + size], first[5 + size :]
+    body = record[4:]
+    at = 2 + 32
+    at += 1 + body[at]  # session id
+    at += 2 + int.from_bytes(body[at : at + 2], "big")  # cipher suites
+    at += 1 + body[at]  # compression methods
+    extensions = body[at + 2 :] + kind.to_bytes(2, "big") + len(data).to_bytes(2, "big") + data
+    body = body[:at] + len(extensions).to_bytes(2, "big") + extensions
+    message = b"\x01" + len(body).to_bytes(3, "big") + body
+    return first[:3] + len(message).to_bytes(2, "big") + message + rest
+
+
+@pytest.mark.parametrize("outer_sni, relayed", [("passthrough.test", True), ("other.test", False)])
+def test_hello_with_ech_is_decided_on_its_outer_server_name(lab, proxy, outer_sni, relayed):
+    """Relayed when the outer server_name is the CONNECT host (GREASE ECH from every Chrome looks
+    like this), refused otherwise; what the inner ClientHello names is not visible (SECURITY.md)."""
+    hello = with_extension(openssl_hello(outer_sni), ECH, ECH_OUTER)
+    sock = connect(lab, proxy, "passthrough.test", 443)
+    try:
+        sock.sendall(hello)
+        sock.settimeout(5)
+        try:
+            answer = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            answer = b""
+    finally:
+        sock.close()
+    # The lab's OpenSSL 3 server ignores the extension it does not know and sends its ServerHello.
+    assert (answer[:1] == b"\x16" and answer[5:6] == b"\x02") is relayed, answer[:16]
