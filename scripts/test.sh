@@ -23,6 +23,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 scripts/install.sh --test
 scripts/fetch-helm.sh
+scripts/fetch-undici.sh
 if [ $# -eq 0 ]; then
   # The full run (CI): static checks, and the unit tests under a second Python too.
   scripts/lint.sh
