@@ -11,9 +11,12 @@ have been reached with something the proxy did not check.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import uuid
 
@@ -482,3 +485,153 @@ def test_hello_with_ech_is_decided_on_its_outer_server_name(lab, proxy, outer_sn
         sock.close()
     # The lab's OpenSSL 3 server ignores the extension it does not know and sends its ServerHello.
     assert (answer[:1] == b"\x16" and answer[5:6] == b"\x02") is relayed, answer[:16]
+
+
+# -- protocol switches: after a 101 the proxy sees no more requests ---------------------------------
+
+SWITCH_PORT = 8101
+
+
+class Switcher:
+    """A raw upstream on plain.test:SWITCH_PORT that switches protocols the way the request asks:
+    `Upgrade: h2c` (a Go/Envoy/Apache h2c server) or a WebSocket handshake of a version other
+    than 13 (a lenient server) get a 101; anything else a 200. Records every byte after a switch."""
+
+    def __init__(self, lab: Lab):
+        with in_netns(lab.upstream_ns):
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((HOSTS["plain.test"], SWITCH_PORT))
+        self.sock.listen(16)
+        self.after_switch = bytearray()
+        self.switched = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lower = head.lower()
+                if b"sec-websocket-version: 13" in lower and b"upgrade: websocket" in lower:
+                    self._websocket_echo(conn, head, buf)
+                    return
+                if b"upgrade: h2c" in lower or b"sec-websocket-version: 12" in lower:
+                    protocol = b"h2c" if b"h2c" in lower else b"websocket"
+                    conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + protocol + b"\r\n\r\n")
+                    self.switched += 1
+                    self.after_switch += buf
+                    while chunk := conn.recv(65536):
+                        self.after_switch += chunk
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _websocket_echo(conn: socket.socket, head: bytes, buf: bytes) -> None:
+        """A real RFC 6455 handshake, then one text frame echoed back (the positive control)."""
+        key = next(line.split(b":", 1)[1].strip() for line in head.split(b"\r\n") if line.lower().startswith(b"sec-websocket-key:"))
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")  # fmt: skip
+        while len(buf) < 6 or len(buf) < 6 + (buf[1] & 0x7F):
+            buf += conn.recv(65536)
+        size, mask = buf[1] & 0x7F, buf[2:6]
+        payload = bytes(b ^ mask[i % 4] for i, b in enumerate(buf[6 : 6 + size]))
+        conn.sendall(bytes([0x81, len(payload) + 5]) + b"echo:" + payload)
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def switcher(lab: Lab):
+    server = Switcher(lab)
+    yield server
+    server.close()
+
+
+UPGRADES = {
+    "h2c": "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n",
+    "websocket-v12": "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 12\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+}
+
+
+@pytest.mark.parametrize("in_tunnel", [False, True], ids=["plain", "in-connect"])
+@pytest.mark.parametrize("upgrade", UPGRADES.values(), ids=UPGRADES.keys())
+def test_protocol_switch_the_proxy_cannot_follow_is_not_made(lab, proxy, switcher, upgrade, in_tunnel):
+    """h2c smuggling (Bishop Fox, 2020) against the egress proxy: an upstream that answers 101 to
+    anything but a WebSocket mitmproxy can parse turned the connection into raw TCP, and the next
+    request (Host: other.test) went to the upstream unchecked."""  # was a defect
+    authority = f"plain.test:{SWITCH_PORT}"
+    target = "/rt2-switch" if in_tunnel else f"http://{authority}/rt2-switch"
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: other.test\r\n\r\n"
+    if in_tunnel:
+        sock = connect(lab, proxy, "plain.test", SWITCH_PORT)
+    else:
+        with in_netns(lab.proxy_ns):
+            sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    before = switcher.switched
+    try:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {authority}\r\n{upgrade}\r\n".encode())
+        sock.settimeout(5)
+        first = b""
+        try:
+            while b"\r\n\r\n" not in first and (chunk := sock.recv(65536)):
+                first += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        try:
+            sock.sendall(smuggled)
+            time.sleep(0.5)
+        except OSError:
+            pass
+    finally:
+        sock.close()
+    time.sleep(0.2)
+    assert b"Host: other.test" not in bytes(switcher.after_switch), (first, bytes(switcher.after_switch))
+    assert not first.startswith(b"HTTP/1.1 101"), first
+    if "h2c" in upgrade:
+        # The Upgrade header does not reach the upstream: it answers as HTTP/1.1 and stays checked.
+        assert switcher.switched == before and first.startswith(b"HTTP/1.1 200"), first
+
+
+def test_websocket_the_proxy_follows_still_works(lab, proxy, switcher):
+    """The positive control: a WebSocket handshake of version 13 is switched, and frames flow."""
+    authority = f"plain.test:{SWITCH_PORT}"
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    try:
+        sock.sendall(f"GET http://{authority}/ws HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                     "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode())  # fmt: skip
+        sock.settimeout(5)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        mask, payload = b"\x01\x02\x03\x04", b"hello"
+        sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+        frame = head.partition(b"\r\n\r\n")[2]
+        while len(frame) < 2 + len(b"echo:hello"):
+            frame += sock.recv(65536)
+    finally:
+        sock.close()
+    assert frame == bytes([0x81, 10]) + b"echo:hello"
