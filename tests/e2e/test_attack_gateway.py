@@ -209,3 +209,44 @@ def test_proxy_authorization_inside_an_intercepted_tunnel_neither_switches_nor_l
         headers = {k.lower(): v for k, v in hit["headers"]}
         assert headers["authorization"] == f"Bearer {CANARY}"
         assert "proxy-authorization" not in headers
+
+
+@pytest.mark.parametrize("connect_to", ["other.test:443", "plain.test:9"], ids=["refused-403", "dead-502"])
+@pytest.mark.parametrize("later", ["env-b", "none", "wrong"])
+def test_requests_after_an_unanswered_connect_are_still_proven(lab, gateway, connect_to, later):  # was a defect
+    """env-a's CONNECT is refused (403) or its upstream is dead (502) and the client connection
+    stays open: a later plain request on it with other, no or wrong credentials is a switch of
+    credentials like any other (407, closed), not a request "in the tunnel" (there is none)."""
+    path = marked_path()
+    credentials = {"env-b": f"Proxy-Authorization: {basic('env-b', TOKEN_B)}\r\n", "none": "",
+                   "wrong": f"Proxy-Authorization: {basic('env-a', WRONG)}\r\n"}[later]  # fmt: skip
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+    try:
+        sock.sendall(f"CONNECT {connect_to} HTTP/1.1\r\nHost: {connect_to}\r\nProxy-Authorization: {basic('env-a', TOKEN)}\r\n\r\n".encode())
+        first = read_response(sock)
+        assert first.split(b" ", 2)[1] in (b"403", b"502"), first
+        sock.sendall(f"GET http://plain.test{path} HTTP/1.1\r\nHost: plain.test\r\n{credentials}\r\n".encode())
+        second = read_response(sock)
+    finally:
+        sock.close()
+    assert second.startswith(b"HTTP/1.1 407"), second
+    assert not reached(lab, path)
+
+
+def read_response(sock: socket.socket) -> bytes:
+    data = b""
+    sock.settimeout(5)
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(v) for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")) if k.lower() == b"content-length"), 0)
+        while len(body) < length:
+            body += sock.recv(65536)
+        return head + b"\r\n\r\n" + body
+    except (TimeoutError, ConnectionResetError):
+        return data
