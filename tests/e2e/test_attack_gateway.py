@@ -136,6 +136,25 @@ def run_undici(lab, proxy, token, url) -> tuple[str, str]:
     return out.stdout.strip(), out.stderr
 
 
+_UNDICI_ENV = """
+const { EnvHttpProxyAgent, fetch } = require(process.argv[1]);
+const agent = new EnvHttpProxyAgent({ requestTls: { ca: require("fs").readFileSync(process.argv[2]) } });
+fetch(process.argv[3], { dispatcher: agent }).then(
+  (r) => console.log(String(r.status)),
+  (e) => console.log("error " + (e.cause ? e.cause.message : e.message)),
+);
+"""
+
+
+def run_undici_env(lab, proxy, token, url) -> tuple[str, str]:
+    """EnvHttpProxyAgent: the proxy URL from HTTPS_PROXY / HTTP_PROXY, as a sandbox's environment sets it."""
+    if not UNDICI.is_dir():
+        pytest.fail("undici is not installed: run scripts/fetch-undici.sh")
+    env = {**CLIENT_ENV, "HTTPS_PROXY": proxy_url(proxy, token), "HTTP_PROXY": proxy_url(proxy, token)}
+    out = lab.exec("node", "-e", _UNDICI_ENV, str(UNDICI), str(proxy.bundle), url, env=env)
+    return out.stdout.strip(), out.stderr
+
+
 # client -> (url through the gateway, what it says when it worked, what it says on a 407).
 # undici 6 reports any non-200 answer to its CONNECT as "Request was cancelled." (its own
 # wording, the status is not passed on); pip shows the 407 at -vv.
@@ -149,6 +168,7 @@ CLIENTS = {
     "pip-https": (run_pip, "https://passthrough.test{path}/simple/", None, "407 Proxy Authentication Required"),
     "undici-https": (run_undici, "https://api.example.test{path}", "200", "error Request was cancelled."),
     "undici-http": (run_undici, "http://plain.test{path}", "200", "error Request was cancelled."),
+    "undici-env-https": (run_undici_env, "https://api.example.test{path}", "200", "error Request was cancelled."),
 }
 
 

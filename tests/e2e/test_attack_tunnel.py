@@ -382,8 +382,10 @@ def s_client(lab: Lab, proxy, connect: str, *sni_args: str, path: str) -> subpro
 @pytest.mark.parametrize(
     "sni_args, allowed",
     [(("-servername", "passthrough.test"), True), (("-noservername",), True), (("-servername", "PassThrough.TEST"), True),
-     (("-servername", "other.test"), False), (("-servername", "api.example.test"), False)],
-    ids=["same", "none", "case", "other", "transform-entry"],
+     (("-servername", "passthrough.test."), True), (("-servername", "other.test"), False),
+     (("-servername", "api.example.test"), False), (("-servername", "passthrough.test.other.test"), False),
+     (("-servername", "xn--pssthrough-r5a.test"), False)],
+    ids=["same", "none", "case", "trailing-dot", "other", "transform-entry", "suffix", "idna-lookalike"],
 )  # fmt: skip
 def test_openssl_s_client_server_name_against_the_connect_host(lab, proxy, sni_args, allowed):
     path = marked_path()
@@ -409,6 +411,12 @@ def test_curl_connect_to_with_another_server_name_is_refused(lab, proxy):
     out = lab.exec(
         "curl", "-sS", "--max-time", "10", "-x", proxy.url, "--cacert", str(lab.upstream_ca), "-o", "/dev/null",
         "-w", "%{http_code}", "--connect-to", "passthrough.test:443:passthrough.test:443", f"https://passthrough.test{path}",
+    )  # fmt: skip
+    assert out.stdout == "200", out.stderr
+    # A trailing dot in the URL: curl's CONNECT names `passthrough.test.`, its SNI drops the dot.
+    out = lab.exec(
+        "curl", "-sS", "--max-time", "10", "-x", proxy.url, "--cacert", str(lab.upstream_ca), "-o", "/dev/null",
+        "-w", "%{http_code}", f"https://passthrough.test.{path}-dot",
     )  # fmt: skip
     assert out.stdout == "200", out.stderr
 
