@@ -14,13 +14,15 @@ the upstream read TLS or HTTP that the proxy had relayed as unchecked raw TCP:
   was reached with the client's own TLS, around interception;
 - an SSLv2-compatible ClientHello, which OpenSSL servers still accept (and which
   carries no server_name at all);
+- a warning alert before the ClientHello: Go's crypto/tls (Caddy, Traefik, many
+  CDN front ends) and BoringSSL drop it and read the ClientHello behind it;
 - an HTTP request whose first segment is shorter than three bytes (`G`, then
   `ET / HTTP/1.1 ... Host: other.test`), or that starts with a blank line
   (RFC 9112 §2.2 lets servers skip it), so the Host header was never checked.
 
 The rules here are therefore "when in doubt, the checked path": any handshake
-record that is not exactly what mitmproxy's TLS layer reads is `UNCHECKABLE`
-(refused), so is a PROXY protocol v2 header (servers that take one read TLS after
+record that is not exactly what mitmproxy's TLS layer reads, and any other TLS
+record type first, is `UNCHECKABLE` (refused), so is a PROXY protocol v2 header (servers that take one read TLS after
 it), and a first line that could still become a request line is waited for. A
 text line of the PROXY protocol v1 goes to the HTTP layer, which refuses it.
 """
@@ -34,6 +36,8 @@ import re
 # not stack its TLS layers on must never be called TLS here (tested to agree).
 _TLS_VERSION_MINORS = range(0x00, 0x04)
 _HANDSHAKE = 0x16
+# TLS content types (change_cipher_spec, alert, handshake, application_data, heartbeat).
+_TLS_CONTENT_TYPES = range(0x14, 0x19)
 _SSL2_CLIENT_HELLO = 0x01
 _PROXY_V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"  # haproxy's PROXY protocol, version 2
 # A request line could still be arriving: optional blank lines, a method token, and
@@ -66,6 +70,13 @@ def classify(data: bytes) -> Start:
         if len(data) < 3:
             return Start.WAIT if data[1:2] in (b"", b"\x03") else Start.UNCHECKABLE
         return Start.TLS if data[1] == 0x03 and data[2] in _TLS_VERSION_MINORS else Start.UNCHECKABLE
+    if data[0] in _TLS_CONTENT_TYPES:
+        # Another record type first. Go's crypto/tls (and BoringSSL) drop warning alerts
+        # before the handshake, and Go reads any record whose version is below 0x1000:
+        # a ClientHello behind such a record would reach the server unread.
+        if len(data) < 2:
+            return Start.WAIT
+        return Start.UNCHECKABLE if data[1] < 0x10 else Start.OTHER
     if data[0] & 0x80:
         # SSLv2 record header (two length bytes, high bit set) + msg_type CLIENT-HELLO,
         # the shape OpenSSL's record layer accepts as a first record.

@@ -127,7 +127,22 @@ def one_byte_records(first: bytes) -> bytes:
 
 # -- TLS the proxy's check would not call TLS, but servers do -------------------------------------
 
-UNREADABLE_HELLOS = {"record-3.4": record_version(4), "record-3.5": record_version(5), "record-3.255": record_version(255)}
+def after(record: bytes):
+    """Send `record` (another TLS content type) before the ClientHello."""
+    return lambda first: record + first
+
+
+UNREADABLE_HELLOS = {
+    "record-3.4": record_version(4),
+    "record-3.5": record_version(5),
+    "record-3.255": record_version(255),
+    # OpenSSL ignores warning alerts before the handshake (up to four): the ClientHello after it counts.
+    "warning-alert-first": after(b"\x15\x03\x01\x00\x02\x01\x70"),
+    "two-warning-alerts-first": after(b"\x15\x03\x01\x00\x02\x01\x70" * 2),
+    "ccs-first": after(b"\x14\x03\x01\x00\x01\x01"),
+    "heartbeat-first": after(b"\x18\x03\x01\x00\x03\x01\x00\x00"),
+    "empty-appdata-first": after(b"\x17\x03\x01\x00\x00"),
+}
 
 
 @pytest.mark.parametrize("patch", UNREADABLE_HELLOS.values(), ids=UNREADABLE_HELLOS.keys())
@@ -191,6 +206,82 @@ def test_hello_in_one_byte_records_naming_another_host_is_refused(lab, proxy):
             tls_through(sock, "other.test", lab.upstream_ca, one_byte_records)
     finally:
         sock.close()
+
+
+# -- a Go TLS server (Caddy): what it reads as the ClientHello -----------------------------------------
+
+CADDY_PORT = 9444
+CADDYFILE = """{{
+	admin off
+	auto_https off
+	storage file_system {dir}/data
+}}
+https://:{port} {{
+	bind {binds}
+	tls {cert} {key}
+	respond "sni={{http.request.tls.server_name}} host={{http.request.host}}" 200
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def caddy(lab: Lab):
+    """Caddy (Go's crypto/tls, from apt) on passthrough.test and api.example.test, port CADDY_PORT:
+    it answers with the server_name it read and the Host it was asked for."""
+    workdir = lab.dir / "caddy"
+    workdir.mkdir(exist_ok=True)
+    config = workdir / "Caddyfile"
+    config.write_text(CADDYFILE.format(
+        dir=workdir, port=CADDY_PORT, binds=f"{HOSTS['passthrough.test']} {HOSTS['api.example.test']}",
+        cert=lab.dir / "upstream.pem", key=lab.dir / "upstream.key",
+    ))  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "XDG_DATA_HOME": str(workdir), "XDG_CONFIG_HOME": str(workdir)}
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", lab.upstream_ns, "caddy", "run", "--config", str(config), "--adapter", "caddyfile"],
+        stdout=subprocess.DEVNULL, stderr=(workdir / "caddy.log").open("w"), env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            with in_netns(lab.upstream_ns), socket.socket() as probe:
+                if probe.connect_ex((HOSTS["passthrough.test"], CADDY_PORT)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, (workdir / "caddy.log").read_text()[-2000:]
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.terminate()  # ours, by its handle
+        proc.wait(timeout=10)
+
+
+def caddy_says(lab, proxy, connect_host: str, sni: str, host: str, patch) -> bytes:
+    sock = connect(lab, proxy, connect_host, CADDY_PORT)
+    try:
+        tls = tls_through(sock, sni, lab.upstream_ca, patch)
+        return tls_request(tls, f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    except (ConnectionResetError, ssl.SSLError, TimeoutError) as exc:
+        return repr(exc).encode()
+    finally:
+        sock.close()
+
+
+WARNING_ALERT = b"\x15\x03\x01\x00\x02\x01\x70"  # unrecognized_name, level warning
+
+
+def test_go_server_positive_control(lab, proxy, caddy):
+    answer = caddy_says(lab, proxy, "passthrough.test", "passthrough.test", "passthrough.test", lambda first: first)
+    assert answer.endswith(b"sni=passthrough.test host=passthrough.test"), answer
+
+
+@pytest.mark.parametrize("preamble", [WARNING_ALERT, WARNING_ALERT * 3, b"\x15\x00\x00\x00\x02\x01\x70"], ids=["alert", "three-alerts", "alert-version-0"])
+def test_go_server_never_gets_a_client_hello_behind_another_record(lab, proxy, caddy, preamble):
+    """A warning alert before the ClientHello: Go drops it and reads the ClientHello behind it.
+    The proxy relayed the whole thing as raw TCP, so `sni=other.test` was served through a
+    CONNECT to passthrough.test, and a transform entry was reached around interception."""  # was a defect
+    answer = caddy_says(lab, proxy, "passthrough.test", "other.test", "other.test", lambda first: preamble + first)
+    assert b"sni=" not in answer, answer
+    answer = caddy_says(lab, proxy, "api.example.test", "api.example.test", "other.test", lambda first: preamble + first)
+    assert b"sni=" not in answer, answer
 
 
 # -- plain HTTP whose first segment is too short to look like HTTP ------------------------------

@@ -41,6 +41,15 @@ ROWS = [
     (b"\x16\x03\xff" + HELLO[3:], Start.UNCHECKABLE),
     (b"\x16\x02\x00", Start.UNCHECKABLE),
     (b"\x16\x00", Start.UNCHECKABLE),
+    (b"\x15\x03\x01\x00\x02\x01\x70" + HELLO, Start.UNCHECKABLE),  # warning alert first: Go drops it
+    (b"\x15\x00\x00\x00\x02\x01\x70" + HELLO, Start.UNCHECKABLE),  # Go: any record version below 0x1000
+    (b"\x14\x03\x03\x00\x01\x01", Start.UNCHECKABLE),  # change_cipher_spec
+    (b"\x17\x03\x03\x00\x00", Start.UNCHECKABLE),  # application_data
+    (b"\x18\x03\x01\x00\x03\x01\x00\x00", Start.UNCHECKABLE),  # heartbeat
+    (b"\x15", Start.WAIT),
+    (b"\x15\x10\x00", Start.OTHER),
+    (b"\x13\x03\x01", Start.OTHER),
+    (b"\x19\x03\x01", Start.OTHER),
     (SSL2_HELLO, Start.UNCHECKABLE),
     (SSL2_HELLO[:2], Start.WAIT),
     (PROXY_V2, Start.UNCHECKABLE),
@@ -103,3 +112,12 @@ def test_every_prefix_of_a_request_waits_never_relays():
         assert classify(request[:cut]) is Start.WAIT, request[:cut]
     for cut in range(line_end + 1, len(request) + 1):
         assert classify(request[:cut]) is Start.HTTP, request[:cut]
+
+
+@pytest.mark.parametrize("content_type", range(0x14, 0x19))
+def test_every_tls_record_type_first_is_never_relayed_raw(content_type):
+    """Whatever version bytes follow (Go reads versions below 0x1000 as TLS), a TLS record first is
+    either the handshake mitmproxy reads or refused."""
+    for second in range(0x10):
+        for third in range(256):
+            assert classify(bytes([content_type, second, third])) in (Start.TLS, Start.UNCHECKABLE)
