@@ -270,3 +270,32 @@ def read_response(sock: socket.socket) -> bytes:
         return head + b"\r\n\r\n" + body
     except (TimeoutError, ConnectionResetError):
         return data
+
+
+MALFORMED_CREDENTIAL_LINES = {
+    "no-colon": "Proxy-Authorization Basic {b64}",
+    "space-before-colon": "Proxy-Authorization : Basic {b64}",
+    "nul-in-value": "Proxy-Authorization: Basic {b64}\x00",
+    "cr-in-value": "Proxy-Authorization: Basic {b64}\rX: y",
+    "request-line": "GET http://plain.test/{b64} HTTP/1.1",
+}
+
+
+@pytest.mark.parametrize("line", MALFORMED_CREDENTIAL_LINES.values(), ids=MALFORMED_CREDENTIAL_LINES.keys())
+def test_a_malformed_credential_line_is_never_logged(lab, gateway, line):
+    """A client that sends its credential in a line the proxy cannot parse gets an error, and the
+    credential (base64 or decoded) appears in no log line (the gateway fixture checks at the end too)."""
+    b64 = base64.b64encode(f"env-a:{TOKEN}".encode()).decode()
+    path = marked_path()
+    request = f"GET http://plain.test{path} HTTP/1.1\r\nHost: plain.test\r\n{line.format(b64=b64)}\r\n\r\n"
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+    try:
+        sock.sendall(request.encode("latin-1"))
+        answer = read_response(sock)
+    finally:
+        sock.close()
+    assert answer.split(b" ", 2)[1] in (b"400", b"407"), answer
+    assert not reached(lab, path)
+    logs = gateway.stdout() + gateway.stderr()
+    assert b64 not in logs and TOKEN not in logs
