@@ -734,3 +734,19 @@ def test_websocket_the_proxy_follows_still_works(lab, proxy, switcher):
     finally:
         sock.close()
     assert frame == bytes([0x81, 10]) + b"echo:hello"
+
+
+def test_client_hello_over_16_kib_to_an_intercepted_entry(lab, proxy):
+    """The same two-record ClientHello, to an entry with a transform: intercepted (the proxy's
+    certificate), the credential injected, the Host still checked."""
+    path = marked_path()
+    context = _huge_alpn_context(proxy.ca)
+    sock = connect(lab, proxy, "api.example.test", 443)
+    try:
+        tls = tls_through(sock, "api.example.test", proxy.ca, context=context)
+        answer = tls_request(tls, f"GET {path} HTTP/1.1\r\nHost: api.example.test\r\nConnection: close\r\n\r\n".encode())
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    (hit,) = reached(lab, path)
+    assert dict(hit["headers"])["Authorization"] == f"Bearer {SECRET}"
