@@ -750,3 +750,40 @@ def test_client_hello_over_16_kib_to_an_intercepted_entry(lab, proxy):
     assert answer.startswith(b"HTTP/1.1 200"), answer
     (hit,) = reached(lab, path)
     assert dict(hit["headers"])["Authorization"] == f"Bearer {SECRET}"
+
+
+@pytest.mark.parametrize("alpn", [None, ["x-custom"], ["http/1.1"]], ids=["no-alpn", "other-alpn", "http1-alpn"])
+@pytest.mark.parametrize("first", [b"G", b"GE", b"\r\n"], ids=repr)
+def test_intercepted_http_whose_first_write_is_short_is_still_checked(lab, proxy, alpn, first):
+    """Inside an intercepted tunnel (TLS terminated by the proxy), the same short first write:
+    mitmproxy's guess took it for raw TCP (unless the client had negotiated an HTTP ALPN) and
+    relayed the request, Host: other.test, to the upstream unchecked and without the credential."""  # was a defect
+    path = marked_path()
+    context = ssl.create_default_context(cafile=str(proxy.ca))
+    if alpn:
+        context.set_alpn_protocols(alpn)
+    sock = connect(lab, proxy, "api.example.test", 443)
+    answer = b""
+    try:
+        tls = tls_through(sock, "api.example.test", proxy.ca, context=context)
+        request = f"GET {path} HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n".encode()
+        rest = request[len(first) :] if request.startswith(first) else request
+        for piece in (first, rest):
+            tls.write(piece)
+            sock.sendall(tls.outgoing.read())
+            time.sleep(0.3)
+        sock.settimeout(3)
+        try:
+            while chunk := sock.recv(65536):
+                tls.incoming.write(chunk)
+                try:
+                    answer += tls.read(65536)
+                except ssl.SSLWantReadError:
+                    pass
+        except (TimeoutError, ConnectionResetError, ssl.SSLError):
+            pass
+    except (ConnectionResetError, ssl.SSLError, TimeoutError):
+        pass
+    finally:
+        sock.close()
+    assert not reached(lab, path), answer
