@@ -18,7 +18,7 @@ import secrets
 
 import pytest
 
-from e2e.test_dns import assert_never_left, box, dig, token  # noqa: F401  (box is a fixture)
+from e2e.test_dns import assert_never_left, box, dig, metric, token  # noqa: F401  (box is a fixture)
 from e2e.transparent_lab import RESOLVER_V4, SYSTEM_PYTHON
 
 
@@ -121,3 +121,14 @@ def test_pipelined_tcp_queries_each_get_their_own_local_answer(box):  # noqa: F8
     }, got
     assert_never_left(box, data)
     assert "hostname.bind" not in box.all_queries()
+
+
+@pytest.mark.parametrize("name", ["loop.wild.example.test", "meta.wild.example.test", "LOOP.Wild.Example.Test."])
+@pytest.mark.parametrize("qtype", ["A", "AAAA"])
+def test_a_wildcard_name_that_resolves_to_forbidden_addresses_gets_an_empty_answer(box, name, qtype):  # noqa: F811
+    """`*.wild.example.test` allows the name; its addresses (loopback, metadata) are still dropped."""
+    reasons = ("loopback", "forbidden_address")
+    before = sum(metric(box.proxy, "egress_dns_queries_total", reason=r, qtype=qtype) for r in reasons)
+    assert dig(box, name, qtype) == ("NOERROR", "")
+    # Counted with the reason: the resolver did answer them, the proxy dropped them.
+    assert sum(metric(box.proxy, "egress_dns_queries_total", reason=r, qtype=qtype) for r in reasons) == before + 1
