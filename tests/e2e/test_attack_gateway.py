@@ -299,3 +299,23 @@ def test_a_malformed_credential_line_is_never_logged(lab, gateway, line):
     assert not reached(lab, path)
     logs = gateway.stdout() + gateway.stderr()
     assert b64 not in logs and TOKEN not in logs
+
+
+@pytest.mark.parametrize("userinfo", ["env-a:{token}@", "env-a:{quoted}@", "{b64}@"], ids=["raw", "quoted", "base64"])
+def test_credentials_in_the_request_url_prove_nothing_and_are_never_logged(lab, gateway, userinfo):
+    """`GET http://env-a:TOKEN@plain.test/` (a client that put the proxy URL's credentials into the
+    target URL): no proof of environment (407), nothing upstream, no log line holds the token."""
+    b64 = base64.b64encode(f"env-a:{TOKEN}".encode()).decode()
+    path = marked_path()
+    info = userinfo.format(token=TOKEN, quoted=quote(TOKEN, safe=""), b64=b64)
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+    try:
+        sock.sendall(f"GET http://{info}plain.test{path} HTTP/1.1\r\nHost: plain.test\r\n\r\n".encode("latin-1"))
+        answer = read_response(sock)
+    finally:
+        sock.close()
+    assert answer.split(b" ", 2)[1] in (b"400", b"407"), answer
+    assert not reached(lab, path)
+    logs = gateway.stdout() + gateway.stderr()
+    assert TOKEN not in logs and quote(TOKEN, safe="") not in logs and b64 not in logs
