@@ -164,7 +164,8 @@ CLIENTS = {
     "requests-https": (run_requests, "https://api.example.test{path}", "200", "407"),
     "requests-http": (run_requests, "http://plain.test{path}", "200", "407"),
     "httpx-https": (run_httpx, "https://api.example.test{path}", "200", "407"),
-    "git-https": (run_git, "https://api.example.test{path}/static/repo.git", "ok", "407"),
+    # Not `repo.git`: test_proxy_core counts every repo.git request to api.example.test as its own.
+    "git-https": (run_git, "https://api.example.test{path}/rt2.git", "ok", "407"),
     "pip-https": (run_pip, "https://passthrough.test{path}/simple/", None, "407 Proxy Authentication Required"),
     "undici-https": (run_undici, "https://api.example.test{path}", "200", "error Request was cancelled."),
     "undici-http": (run_undici, "http://plain.test{path}", "200", "error Request was cancelled."),
