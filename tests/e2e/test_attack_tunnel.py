@@ -787,3 +787,30 @@ def test_intercepted_http_whose_first_write_is_short_is_still_checked(lab, proxy
     finally:
         sock.close()
     assert not reached(lab, path), answer
+
+
+# Runs in the sandbox as `nobody`: TLS to the address given (redirected), no ALPN, the request in two writes.
+_TLS_IN_TWO = """
+import socket, ssl, sys, time
+context = ssl.create_default_context(cafile=sys.argv[3])
+s = context.wrap_socket(socket.create_connection((sys.argv[1], 443), timeout=5), server_hostname=sys.argv[2])
+data, cut = sys.argv[4].encode(), int(sys.argv[5])
+s.sendall(data[:cut])
+time.sleep(0.3)
+s.sendall(data[cut:])
+out = b""
+try:
+    while chunk := s.recv(65536):
+        out += chunk
+except OSError:
+    pass
+print(out[:200])
+"""
+
+
+def test_transparent_intercepted_http_whose_first_write_is_short_is_still_checked(lab, sandbox):  # was a defect
+    path = marked_path()
+    request = f"GET {path} HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n"
+    out = sandbox.exec("/usr/bin/python3", "-I", "-c", _TLS_IN_TWO, ATTACKER, "api.example.test", sandbox.ca_bundle, request, "1")
+    assert not reached(lab, path), (out.stdout, out.stderr)
+    assert "host_mismatch" in out.stdout, (out.stdout, out.stderr)
