@@ -47,16 +47,6 @@ class Hello:
     server_name: str | None  # None: no extension; INVALID: present but no valid host name
 
 
-def starts_like_tls(data: bytes) -> bool:
-    """A TLS handshake record header (3.x), as mitmproxy's own check."""
-    return len(data) >= 3 and data[0] == _HANDSHAKE_RECORD and data[1] == 0x03 and data[2] <= 0x04
-
-
-def tls_header_prefix(data: bytes) -> bool:
-    """Too short to tell yet, but could still become a TLS record header."""
-    return len(data) < 3 and data[:1] in (b"", b"\x16") and data[1:2] in (b"", b"\x03")
-
-
 def parse_records(data: bytes) -> Hello | None:
     """Parse the ClientHello carried by one or more TLS records; None if incomplete."""
     message = _handshake_message(data)
@@ -83,7 +73,8 @@ def _handshake_message(data: bytes) -> bytes | None:
         if len(data) < offset + 5:
             return None
         header = data[offset : offset + 5]
-        if header[0] != _HANDSHAKE_RECORD or header[1] != 0x03:
+        # The record versions mitmproxy's TLS layer reads (`egress.tunnel_start`), in every record.
+        if header[0] != _HANDSHAKE_RECORD or header[1] != 0x03 or header[2] > 0x03:
             raise HelloError("not a TLS handshake record")
         size = int.from_bytes(header[3:5], "big")
         if size == 0 or size > 2**14:

@@ -22,6 +22,7 @@ from egress.addons.lifecycle import Readiness
 from egress.addons.limits import ConnectionLimits
 from egress.addons.observe import Timings
 from egress.addons.reloader import SpecReloader
+from egress.addons.upgrades import ProtocolSwitches
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
@@ -69,6 +70,8 @@ def build_master(
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),
         fail_closed(CredentialInjector(log)),
+        # No 101 the proxy could not follow: the connection would turn into unchecked raw TCP.
+        fail_closed(ProtocolSwitches()),
         fail_closed(ConnectionLimits()),
         Timings(),
         SpecReloader(holder),

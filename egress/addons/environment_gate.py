@@ -5,6 +5,8 @@ with `Proxy-Authorization: Basic base64(ENV_ID:TOKEN)`:
 
 - `http_connect`     a CONNECT must carry it; the tunnel, and everything in it,
                      belongs to that environment. Else 407.
+- `http_connected`   the CONNECT was answered 2xx: from here on the connection is
+                     that tunnel (a refused CONNECT leaves a plain connection).
 - `requestheaders`   a plain-HTTP request must carry it (each one, as HTTP proxies
                      expect); a request in a tunnel was proven by its CONNECT.
                      Else 407.
@@ -79,7 +81,15 @@ class EnvironmentGate:
     # -- hooks ------------------------------------------------------------------------
     def http_connect(self, flow: http.HTTPFlow) -> None:
         header = flow.request.headers.pop(proxy_auth.HEADER, None)
-        if self.registry is not None and self._admit(flow, header):
+        if self.registry is not None:
+            self._admit(flow, header)
+
+    def http_connected(self, flow: http.HTTPFlow) -> None:
+        # Only a CONNECT that was answered 2xx opens a tunnel whose requests its proof covers.
+        # One the guard refused (403) or could not dial (502) leaves the connection a plain
+        # one: its later requests must prove the same environment again (a red-team find:
+        # they were taken as "in the tunnel" and served with other or no credentials).
+        if self.registry is not None and flow.client_conn.id in self.bound:
             self.tunnels.add(flow.client_conn.id)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:

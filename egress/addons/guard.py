@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.net.http import url
 from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
+from mitmproxy.proxy.layers.http import HTTPMode
+from mitmproxy.proxy.layers.tls import HTTP_ALPNS
 
-from egress import clienthello, metrics, policy, refusals, upstream
+from egress import clienthello, metrics, policy, refusals, tunnel_start, upstream
 from egress.addons.tunnel import (
     RefuseLayer,
     RelayLayer,
@@ -61,6 +63,9 @@ class Tunnel:
     decision: policy.Decision
     blocked: str = ""  # reason, once the TLS ClientHello has been refused
     decided: bool = False  # the ClientHello was checked (next_layer); later layers are not ours
+    # Intercepted: what the client sends inside the TLS the proxy terminated was classified
+    # too (HTTP, checked per request), not left to mitmproxy's guess (`egress.tunnel_start`).
+    inner_decided: bool = False
     upstream: Side | None = None  # dialled at CONNECT, until the relay or mitmproxy takes it, or it is closed
 
     def release(self) -> None:
@@ -249,22 +254,35 @@ class DestinationGuard:
         state = self.clients.get(context.client.id)
         tunnel = state.tunnel if state else None
         transparent = _transparent(context.client)
-        if nextlayer.layer is not None or (tunnel is not None and tunnel.decided):
+        if nextlayer.layer is not None:
+            return
+        if tunnel is not None and tunnel.decided:
+            if not tunnel.inner_decided and context.layers and isinstance(context.layers[-1], layers.ClientTLSLayer):
+                self._decide_intercepted_stream(nextlayer, tunnel)
             return
         if tunnel is None and not (transparent and len(context.layers) == 1):
             return  # not a tunnel (plain HTTP, the first layer of a regular proxy)
         data = nextlayer.data_client()
-        if clienthello.tls_header_prefix(data):
-            raise exceptions.AddonHalt  # could still become a TLS record header: wait
-        if not clienthello.starts_like_tls(data):
-            # Not TLS: HTTP inside the tunnel is checked request by request as before;
-            # anything else is mitmproxy's (raw TCP to the checked address, or refused).
-            # Either way mitmproxy's connect takes the connection dialled at CONNECT.
+        # Which checks apply is decided here, not by mitmproxy's guess (`egress.tunnel_start`).
+        start = tunnel_start.classify(data)
+        if start is tunnel_start.Start.WAIT:
+            raise exceptions.AddonHalt  # could still become a TLS record or a request line: wait
+        if start in (tunnel_start.Start.HTTP, tunnel_start.Start.OTHER):
+            # HTTP inside the tunnel is checked request by request as before; anything
+            # else is mitmproxy's (raw TCP to the checked address, or refused). Either
+            # way mitmproxy's connect takes the connection dialled at CONNECT.
             if tunnel is not None:
-                tunnel.decided = True
+                tunnel.decided = tunnel.inner_decided = True
+            if start is tunnel_start.Start.HTTP:
+                nextlayer.layer = layers.HttpLayer(context, HTTPMode.transparent)
             return
         try:
-            hello = clienthello.parse_records(data)
+            # TLS a server would accept but the proxy cannot read is a server_name that names nothing valid.
+            hello = (
+                clienthello.parse_records(data)
+                if start is tunnel_start.Start.TLS
+                else clienthello.Hello(clienthello.INVALID)
+            )
         except clienthello.HelloError:
             hello = clienthello.Hello(clienthello.INVALID)
         if hello is None:
@@ -274,6 +292,24 @@ class DestinationGuard:
             await self._open_transparent_tls(nextlayer, hello.server_name)
         else:
             self._decide_connect_tls(nextlayer, tunnel, hello.server_name)
+
+    @staticmethod
+    def _decide_intercepted_stream(nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
+        """The first bytes inside TLS the proxy terminated: HTTP goes to the HTTP layer, however
+        short its first write. mitmproxy's guess took `G` (then `ET / ... Host: other.test`)
+        for raw TCP unless the client had negotiated an HTTP ALPN (a red-team find)."""
+        context = nextlayer.context
+        if context.client.alpn in HTTP_ALPNS:
+            tunnel.inner_decided = True  # mitmproxy's HTTP layer, whatever the bytes
+            return
+        start = tunnel_start.classify(nextlayer.data_client())
+        if start is tunnel_start.Start.WAIT:
+            raise exceptions.AddonHalt
+        tunnel.inner_decided = True
+        if start is tunnel_start.Start.HTTP:
+            nextlayer.layer = layers.HttpLayer(context, HTTPMode.transparent)
+        # Anything else is mitmproxy's: raw TCP over TLS to the checked destination (no
+        # credential is added to it), or TLS inside TLS, checked again in tls_clienthello.
 
     def _decide_connect_tls(self, nextlayer: layer.NextLayer, tunnel: Tunnel, server_name: str | None) -> None:
         context = nextlayer.context

@@ -37,6 +37,9 @@ RECORDS = {
     "loop.example.test": ["127.0.0.1"],
     "many.example.test": [f"198.18.2.{i}" for i in range(1, 41)],  # 40 A records: > 512 bytes
     "attacker.test": ["198.18.0.13"],
+    # Under an allowlisted wildcard, resolving to addresses the guard refuses.
+    "loop.wild.example.test": ["127.0.0.1", "::1"],
+    "meta.wild.example.test": ["169.254.169.254", "fd00:ec2::254"],
 }
 
 

@@ -16,7 +16,6 @@ from egress.clienthello import (
     HelloError,
     parse_client_hello,
     parse_records,
-    starts_like_tls,
 )
 
 
@@ -138,6 +137,8 @@ def test_no_extension_means_no_sni():
         b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00",  # ServerHello, not ClientHello
         b"\x17\x03\x03\x00\x05hello",  # application data record
         b"\x16\x03\x01\x00\x00",  # empty record
+        b"\x16\x03\x04" + records(hello_body(sni_extension(b"allowed.test")))[3:],  # record version mitmproxy does not read
+        (lambda d: d[:15] + b"\x16\x03\x05" + d[18:])(records(hello_body(sni_extension(b"a.test")), 10)),  # ...in any record
         b"\x16\x03\x01\x00\x04\x01\xff\xff\xff",  # ClientHello of 16 MiB announced
         b"\x16\x03\x01\x00\x08\x01\x00\x00\x02\x03\x03\x00\x00",  # data after the message in the record
         records(b"\x03\x03" + b"\x00" * 10),  # truncated body
@@ -162,11 +163,3 @@ def test_second_record_of_another_type_raises():
 
 def test_parse_body_directly():
     assert parse_client_hello(hello_body(sni_extension(b"allowed.test"))) == Hello("allowed.test")
-
-
-@pytest.mark.parametrize(
-    "data, expected",
-    [(b"\x16\x03\x01", True), (b"\x16\x03\x03\x00", True), (b"\x16\x02\x00", False), (b"GET", False), (b"\x16", False)],
-)
-def test_starts_like_tls(data, expected):
-    assert starts_like_tls(data) is expected
