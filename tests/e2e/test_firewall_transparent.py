@@ -9,16 +9,17 @@ shows the packet is routable and the capture works. The positive controls still
 work: HTTPS through the redirect, DNS through the listener, IPv6 TCP through the
 redirect (the kernel's neighbour discovery must pass), and other UDP stays refused.
 
-Also the cause of an old flake (EPERM on a redirected DNS datagram, 1 run in ~100):
-a sandbox datagram from the port a proxy query had just used matched the proxy's
-conntrack entry, so the nat chain never saw it. Both directions are shown exactly.
+Also the cause of an old flake (EPERM on a redirected DNS datagram in
+test_dns.py's malformed-packets test): a sandbox datagram from the port a proxy
+query had just used matched the proxy's conntrack entry, so the nat chain never
+saw it. By chance of ports that was about 1% of runs (some 11 live proxy entries,
+25 sandbox sockets, 28,232 ephemeral ports); here both directions are forced.
 """
 
 from __future__ import annotations
 
 import re
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -277,7 +278,7 @@ def unused_port(box: DnsSandbox) -> int:
 def test_sandbox_query_from_the_port_a_proxy_query_just_used_is_redirected(box: DnsSandbox):  # was the flake
     """The proxy's query left the port; its conntrack entry lived on for 30 s, and a sandbox
     query from that port to the same resolver was a packet of it: never seen by the nat
-    chain, dropped by the filter, EPERM (1 run of test_dns.py in ~100, by chance of ports)."""
+    chain, dropped by the filter, EPERM."""
     port = unused_port(box)
     proxy_name = f"{uuid.uuid4().hex[:12]}.attacker.test"  # the cluster resolver answers any of these
     assert query_from_port(box, port, proxy_name, as_proxy=True) == "rcode 0 answers 1"
