@@ -298,3 +298,33 @@ def test_proxy_query_from_the_port_a_sandbox_query_just_used_reaches_the_resolve
     assert query_from_port(box, port, proxy_name, as_proxy=True) == "rcode 0 answers 1"
     assert proxy_name in box.cluster.queries() and sandbox_name not in box.all_queries()
 
+
+
+CLOSE_FIRST = r"""
+import socket, sys
+sock = socket.create_connection((sys.argv[1], 80), timeout=5)
+print(sock.getsockname()[1])
+sock.close()  # FIN now; the upstream's FIN arrives after the socket is gone
+"""
+
+
+def test_the_proxys_closed_upstream_connections_end_cleanly(box: DnsSandbox, lab: Lab):
+    """Once the proxy has closed an upstream connection (an idle timeout, an error), its ACK of
+    the upstream's FIN comes from a socket with no owner (no uid). The filter passes it
+    (established TCP, original direction); dropped, the upstream sits in LAST-ACK resending
+    its FIN. The proxy's uid (root here) closes first, as the proxy does."""
+    out = box.exec(SYSTEM_PYTHON, "-I", "-c", CLOSE_FIRST, HOSTS["plain.test"], as_root=True)
+    assert out.returncode == 0, out.stderr
+    port = out.stdout.strip()
+
+    def states() -> str:
+        return subprocess.run(
+            ["ip", "netns", "exec", lab.upstream_ns, "ss", "-Htan", "dst", f"{SANDBOX_V4}:{port}"],
+            check=True, capture_output=True, text=True, timeout=10,
+        ).stdout  # fmt: skip
+
+    # The upstream sees our FIN, closes too, and forgets the connection once our ACK arrives.
+    deadline = time.monotonic() + 5
+    while states() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert states() == ""
