@@ -12,7 +12,8 @@ with `--apply`, pipes it to `nft -f -`. One `inet` table covers IPv4 and IPv6:
   proxy's DNS listener on loopback first; the proxy's own queries are exempt like
   its connections and reach the real resolver. `--dns IP` (the weaker option: the
   resolver still forwards whatever the sandbox asks) cannot be combined with it.
-- filter output, default drop: replies of connections opened from outside pass; the
+- filter output, default drop: nothing from a loopback source leaves by another
+  interface; replies of connections opened from outside pass; the
   proxy's own traffic passes; redirected connections and datagrams pass; TCP on
   loopback passes (nat leaves only the proxy port there); with `--dns`, DNS (UDP and
   TCP) to those resolvers. Everything else a process sends is dropped: other UDP
@@ -170,6 +171,11 @@ def render_rules(
     ]
 
     filter_ = [
+        "# nothing from a loopback address leaves: the proxy's answer to a datagram a process sent",
+        "# (raw socket) from a forged source to a redirected port would go to that address, over",
+        "# IPv6, which routes a loopback source (nat restores the original address after this)",
+        'oif != "lo" ip saddr 127.0.0.0/8 drop',
+        'oif != "lo" ip6 saddr ::1 drop',
         "# replies of connections opened from outside the namespace (ICMP errors about them too)",
         "ct direction reply accept",
         "# the proxy's own traffic",

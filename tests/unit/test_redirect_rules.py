@@ -52,7 +52,7 @@ def test_nat_redirects_tcp_except_the_proxy_and_dns():
 
 def test_filter_drops_udp_except_dns_to_the_resolvers():
     rules = chains(render_rules(proxy_uid=0, dns=["10.96.0.10", "10.96.0.11", "10.96.0.10"]))["filter_output"]
-    assert rules[0] == "ct direction reply accept"
+    assert rules[:3] == ['oif != "lo" ip saddr 127.0.0.0/8 drop', 'oif != "lo" ip6 saddr ::1 drop', "ct direction reply accept"]
     assert "meta skuid 0 accept" in rules
     assert "ip daddr { 10.96.0.10, 10.96.0.11 } meta l4proto { tcp, udp } th dport 53 accept" in rules
     assert not any(r.startswith("ip6 daddr") for r in rules)  # no IPv6 resolver given: no IPv6 DNS
@@ -74,7 +74,12 @@ def test_filter_policy_is_drop_and_nothing_is_dropped_by_protocol_name():
     script = render_rules(proxy_uid=0, dns_port=5353)
     assert "type filter hook output priority 0; policy drop;" in script
     rules = chains(script)["filter_output"]
-    assert [r for r in rules if r.endswith("drop")] == ["meta skuid 0-4294967295 counter drop", "counter drop"]
+    assert [r for r in rules if r.endswith("drop")] == [
+        'oif != "lo" ip saddr 127.0.0.0/8 drop',
+        'oif != "lo" ip6 saddr ::1 drop',
+        "meta skuid 0-4294967295 counter drop",
+        "counter drop",
+    ]
     assert rules[-1] == "counter drop"
     assert not any(("icmp " in r or "echo" in r) for r in rules)  # no ICMP type accepted from a process
 
