@@ -376,9 +376,10 @@ def test_a_query_from_a_forged_source_gets_no_answer_out_of_the_sandbox(box: Dns
         return out.stdout.strip()
 
     if ":" not in src:  # IPv4 routes a loopback source only with route_localnet (kube-proxy sets it on nodes)
-        sysctl = ["ip", "netns", "exec", box.proxy_ns, "sysctl", "-qw"]
-        subprocess.run([*sysctl, "net.ipv4.conf.all.route_localnet=1"], check=True, timeout=10)
-        request.addfinalizer(lambda: subprocess.run([*sysctl, "net.ipv4.conf.all.route_localnet=0"], check=False, timeout=10))
+        knob = "/proc/sys/net/ipv4/conf/all/route_localnet"  # the namespace's own, inside it
+        sysctl = ["ip", "netns", "exec", box.proxy_ns, "sh", "-c", f'echo "$0" > {knob}']
+        subprocess.run([*sysctl, "1"], check=True, timeout=10)
+        request.addfinalizer(lambda: subprocess.run([*sysctl, "0"], check=False, timeout=10))
     label = uuid.uuid4().hex[:16]
     assert send(f"{label}.attacker.test", as_proxy=False) == "sent"  # redirected: the listener gets it
     # The proxy's uid is not redirected: its forged query goes out as it is, and is captured.
