@@ -12,10 +12,19 @@ with `--apply`, pipes it to `nft -f -`. One `inet` table covers IPv4 and IPv6:
   proxy's DNS listener on loopback first; the proxy's own queries are exempt like
   its connections and reach the real resolver. `--dns IP` (the weaker option: the
   resolver still forwards whatever the sandbox asks) cannot be combined with it.
-- filter output: replies of connections opened from outside pass; the proxy's own
-  traffic and loopback pass; DNS (UDP and TCP) only to the configured resolvers;
-  every other UDP datagram (QUIC, DNS elsewhere, ...) and any TCP that was not
-  redirected are dropped, as are ICMP echo requests (ping tunnels).
+- filter output, default drop: nothing from a loopback source leaves by another
+  interface; replies of connections opened from outside pass; the
+  proxy's own traffic passes; redirected connections and datagrams pass; TCP on
+  loopback passes (nat leaves only the proxy port there); with `--dns`, DNS (UDP and
+  TCP) to those resolvers. Everything else a process sends is dropped: other UDP
+  (QUIC, DNS elsewhere), TCP that escaped the redirect, every other IP protocol
+  (GRE, IPIP, ESP, SCTP, UDP-Lite, ...), every ICMP/ICMPv6 type (ping and ICMP
+  tunnels), raw IP of any kind (a sandbox with CAP_NET_RAW). Of the packets the
+  kernel sends by itself (no socket, so no uid) only these pass: neighbour
+  discovery and MLD reports on the link (IPv6 needs them) and the proxy's TCP
+  connections after it closed them (the last ACKs come from a socket with no owner).
+- with `--dns-port`, a raw (conntrack) chain keeps the proxy's own DNS queries in
+  their own conntrack zone, see `_zone_rules`.
 
 The script deletes and re-creates the table in one transaction, so applying it
 again replaces the rules instead of adding to them.
@@ -28,6 +37,15 @@ from collections.abc import Iterable
 
 TABLE = "egress_redirect"
 DEFAULT_PROXY_PORT = 8080
+# The conntrack zone of the proxy's own DNS queries (any id no other tool in the
+# namespace uses; "EG"): see _zone_rules.
+PROXY_CT_ZONE = 0x4547
+# Whatever a process sends has a socket with an owner: this matches any uid.
+_ANY_UID = "0-4294967295"
+# ICMPv6 the kernel sends for IPv6 to work on a link: neighbour discovery always has hop
+# limit 255 (RFC 4861), MLD reports hop limit 1 (RFC 3810); neither crosses a router.
+_ND = "nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert"
+_MLD = "mld-listener-report, mld2-listener-report"
 _MAX_MARK = 2**32 - 1
 
 
@@ -77,6 +95,29 @@ def _set(items: list[str]) -> str:
     return items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"
 
 
+def _zone_rules(exempt: list[str]) -> list[str]:
+    """Keep the proxy's DNS queries apart from the sandbox's in conntrack.
+
+    The proxy and the sandbox share the namespace's addresses, and both send UDP to the
+    resolver's port 53. The nat chain sees only the first packet of a flow; a sandbox
+    datagram from the port a proxy query left from moments before (its socket closed,
+    its conntrack entry alive for 30 s) was a packet of the proxy's flow: not redirected,
+    dropped by the filter, EPERM for the sender; and a proxy query from the port a
+    sandbox query just used was redirected to the proxy's own listener. Tracked in a zone
+    of their own in the original direction, the proxy's queries match only themselves;
+    their answers arrive in the default zone and are matched as usual (the reply
+    direction is not zoned). Only queries: a zone on every packet of the proxy's would
+    also catch its answers on loopback to redirected connections, which must find the
+    sandbox's entries to be translated back.
+    """
+    return [
+        "# the proxy's DNS queries are tracked in a conntrack zone of their own (original",
+        "# direction), so a sandbox datagram from a port a query just used is never taken for",
+        "# part of it (and escapes the redirect), nor the reverse",
+        *(f"{match} udp dport 53 ct original zone set {PROXY_CT_ZONE}" for match in exempt),
+    ]
+
+
 def render_rules(
     *,
     proxy_port: int = DEFAULT_PROXY_PORT,
@@ -106,6 +147,7 @@ def render_rules(
     if dns_v6:
         dns_rules.append(("ip6", _set(dns_v6)))
 
+    zone = _zone_rules(exempt) if dns_port is not None else []
     nat = [
         "# the proxy's own connections go out as they are",
         *(f"{match} return" for match in exempt),
@@ -129,8 +171,14 @@ def render_rules(
     ]
 
     filter_ = [
-        "# replies of connections opened from outside the namespace",
+        "# nothing from a loopback address leaves: the proxy's answer to a datagram a process sent",
+        "# (raw socket) from a forged source to a redirected port would go to that address, over",
+        "# IPv6, which routes a loopback source (nat restores the original address after this)",
+        'oif != "lo" ip saddr 127.0.0.0/8 drop',
+        'oif != "lo" ip6 saddr ::1 drop',
+        "# replies of connections opened from outside the namespace (ICMP errors about them too)",
         "ct direction reply accept",
+        "# the proxy's own traffic",
         *(f"{match} accept" for match in exempt),
         "# TCP (and, with --dns-port, DNS) the nat chain redirected to the proxy (the output",
         "# interface is still the original route's here)",
@@ -146,14 +194,19 @@ def render_rules(
             for family, addrs in dns_rules
         ]
     filter_ += [
-        "# all other UDP (QUIC falls back to TCP), TCP that escaped the redirect",
-        "meta l4proto { tcp, udp } counter drop",
-        "# the other transports an unprivileged process can send on: DCCP, L2TP/IP, SCTP, UDP-Lite",
-        "# (kernel permitting); each would otherwise leave as it is",
-        "meta l4proto { 33, 115, 132, 136 } counter drop",
-        "# ping tunnels",
-        "icmp type echo-request drop",
-        "icmpv6 type echo-request drop",
+        "# anything else a process sends (it has a socket, so a uid) is dropped: other UDP (QUIC",
+        "# falls back to TCP), TCP that escaped the redirect, every other IP protocol (GRE, IPIP,",
+        "# ESP, SCTP, UDP-Lite, ...), every ICMP type (ping and ICMP tunnels), raw IP (CAP_NET_RAW)",
+        f"meta skuid {_ANY_UID} counter drop",
+        "# the kernel's own packets (no socket owner) that pass: the last ACKs and retransmissions",
+        "# of the proxy's TCP connections after it closed them (the sandbox's TCP was redirected,",
+        "# or is DNS accepted above), and what IPv6 needs on the link: router and neighbour",
+        "# solicitations, neighbour advertisements, MLD reports",
+        "meta l4proto tcp ct state established ct direction original accept",
+        f"icmpv6 type {{ {_ND} }} ip6 hoplimit 255 accept",
+        f"icmpv6 type {{ {_MLD} }} ip6 hoplimit 1 accept",
+        "# nothing else leaves (the policy is drop too; this counts it)",
+        "counter drop",
     ]
 
     def chain(name: str, hook: str, rules: list[str]) -> list[str]:
@@ -166,11 +219,12 @@ def render_rules(
         f"table inet {TABLE}",
         f"delete table inet {TABLE}",
         f"table inet {TABLE} {{",
+        *(chain("zone_output", "type filter hook output priority raw; policy accept;", zone) + [""] if zone else []),
         *chain("nat_output", "type nat hook output priority -100; policy accept;", nat),
         "",
         *chain(
             "filter_output",
-            "type filter hook output priority 0; policy accept;",
+            "type filter hook output priority 0; policy drop;",
             filter_,
         ),
         "}",

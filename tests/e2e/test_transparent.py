@@ -98,9 +98,10 @@ def test_rules_installed_once(sandbox: Sandbox):
     )
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.count("redirect to :") == 1
-    assert (
-        listed.stdout.count("meta skuid 0") == 2
-    )  # nat and filter exemption, once each
+    # nat and filter exemption, once each
+    assert listed.stdout.count("meta skuid 0 return") == 1
+    assert listed.stdout.count("meta skuid 0 accept") == 1
+    assert "policy drop;" in listed.stdout
 
 
 def test_rules_refuse_without_exemption(sandbox: Sandbox):

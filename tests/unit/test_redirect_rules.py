@@ -52,18 +52,57 @@ def test_nat_redirects_tcp_except_the_proxy_and_dns():
 
 def test_filter_drops_udp_except_dns_to_the_resolvers():
     rules = chains(render_rules(proxy_uid=0, dns=["10.96.0.10", "10.96.0.11", "10.96.0.10"]))["filter_output"]
-    assert rules[0] == "ct direction reply accept"
+    assert rules[:3] == ['oif != "lo" ip saddr 127.0.0.0/8 drop', 'oif != "lo" ip6 saddr ::1 drop', "ct direction reply accept"]
     assert "meta skuid 0 accept" in rules
     assert "ip daddr { 10.96.0.10, 10.96.0.11 } meta l4proto { tcp, udp } th dport 53 accept" in rules
     assert not any(r.startswith("ip6 daddr") for r in rules)  # no IPv6 resolver given: no IPv6 DNS
-    drop = rules.index("meta l4proto { tcp, udp } counter drop")
-    assert all("accept" not in r for r in rules[drop:])
+    # Default drop: after the accepts for sockets, anything a process sends is dropped, and of
+    # the kernel's socketless packets only the proxy's closing TCP and IPv6 ND/MLD pass.
+    drop = rules.index("meta skuid 0-4294967295 counter drop")
+    assert rules.index("ip daddr { 10.96.0.10, 10.96.0.11 } meta l4proto { tcp, udp } th dport 53 accept") < drop
+    assert rules[drop + 1 :] == [
+        "meta l4proto tcp ct state established ct direction original accept",
+        "icmpv6 type { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept",
+        "icmpv6 type { mld-listener-report, mld2-listener-report } ip6 hoplimit 1 accept",
+        "counter drop",
+    ]
+
+
+def test_filter_policy_is_drop_and_nothing_is_dropped_by_protocol_name():
+    """Default drop, not a denylist: no rule names a protocol to drop (a list always misses one:
+    GRE, IPIP, ESP, ICMP echo replies, raw IPv6...)."""
+    script = render_rules(proxy_uid=0, dns_port=5353)
+    assert "type filter hook output priority 0; policy drop;" in script
+    rules = chains(script)["filter_output"]
+    assert [r for r in rules if r.endswith("drop")] == [
+        'oif != "lo" ip saddr 127.0.0.0/8 drop',
+        'oif != "lo" ip6 saddr ::1 drop',
+        "meta skuid 0-4294967295 counter drop",
+        "counter drop",
+    ]
+    assert rules[-1] == "counter drop"
+    assert not any(("icmp " in r or "echo" in r) for r in rules)  # no ICMP type accepted from a process
+
+
+def test_proxy_dns_queries_get_their_own_conntrack_zone_only_with_dns_port():
+    rules = chains(render_rules(proxy_uid=1337, proxy_mark=0x539, dns_port=5353))
+    # the original direction only: the answers must still find the entry in the default zone
+    assert rules["zone_output"] == [
+        "meta skuid 1337 udp dport 53 ct original zone set 17735",
+        "meta mark 0x00000539 udp dport 53 ct original zone set 17735",
+    ]
+    script = render_rules(proxy_uid=1337, dns_port=5353)
+    assert "type filter hook output priority raw; policy accept;" in script
+    assert script.index("chain zone_output") < script.index("chain nat_output")
+    # without --dns-port no UDP is redirected: nothing to keep apart
+    assert "zone_output" not in render_rules(proxy_uid=1337, dns=["10.96.0.10"])
 
 
 def test_no_resolver_means_no_dns_exemption():
     script = render_rules(proxy_mark=1)
     assert "dport 53" not in script
-    assert "meta skuid" not in script and "meta mark 0x00000001 accept" in script
+    assert "meta mark 0x00000001 accept" in script
+    assert not any(line.strip().startswith("meta skuid") and "drop" not in line for line in script.splitlines())
 
 
 @pytest.mark.parametrize(
@@ -146,8 +185,8 @@ def test_dns_port_redirects_every_dns_packet_before_the_tcp_redirect():
     filter_ = rules["filter_output"]
     # no resolver is reachable on port 53 directly; redirected DNS passes as dnat
     assert not any("dport 53" in r for r in filter_)
-    assert filter_.index("ct status dnat accept") < filter_.index("meta l4proto { tcp, udp } counter drop")
-    assert filter_.index("meta skuid 1337 accept") < filter_.index("meta l4proto { tcp, udp } counter drop")
+    assert filter_.index("ct status dnat accept") < filter_.index("meta skuid 0-4294967295 counter drop")
+    assert filter_.index("meta skuid 1337 accept") < filter_.index("meta skuid 0-4294967295 counter drop")
 
 
 @pytest.mark.parametrize(
