@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from egress import __version__
 from egress.spec import SpecError, load_spec
@@ -68,18 +69,12 @@ class UsageError(Exception):
 
 
 def parse_hostport(text: str, flag: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise UsageError(f"{flag}: expected HOST:PORT, got {text!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
+    from egress.hostport import HostPortError, parse_hostport as parse
+
     try:
-        number = int(port)
-    except ValueError:
-        raise UsageError(f"{flag}: port {port!r} is not a number") from None
-    if not 0 <= number <= 65535:
-        raise UsageError(f"{flag}: port {number} is out of range")
-    return host, number
+        return parse(text, flag)
+    except HostPortError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def parse_set(values: list[str]) -> dict[str, str]:
@@ -90,12 +85,22 @@ def parse_set(values: list[str]) -> dict[str, str]:
             raise UsageError(f"--set: expected NAME=VALUE, got {item!r}")
         if name in _REFUSED_OPTIONS:
             raise UsageError(f"--set {name}: refused ({_REFUSED_OPTIONS[name]})")
+        if flag := next((flag for flag, *_ in _LIMIT_FLAGS if _limit_option(flag) == name), None):
+            # The flag checks the value (a negative timeout would pass through --set).
+            raise UsageError(f"--set {name}: refused (use {flag})")
         options[name] = value
     return options
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line naming the flag, not argparse's usage block: operators read it in
+        # `kubectl logs` and CI output, where a wrapped usage text buries the reason.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="egress-proxy", description="Egress proxy for AI-agent sandboxes.")
+    parser = _Parser(prog="egress-proxy", description="Egress proxy for AI-agent sandboxes.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -253,6 +258,8 @@ def _upstream_bundle(confdir: Path, extra: str) -> str:
 
     try:
         extra_pem = Path(extra).read_text(encoding="ascii")
+    except UnicodeDecodeError:
+        raise UsageError(f"--upstream-ca {extra}: not a PEM file (not ASCII text)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--upstream-ca {extra}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     if "-----BEGIN CERTIFICATE-----" not in extra_pem:
@@ -296,7 +303,7 @@ async def _run(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return 1
     listen_host, listen_port = parse_hostport(args.listen, "--listen")
-    dns_listen = parse_hostport(args.dns_listen, "--dns-listen") if args.dns_listen else None
+    dns_listen = parse_hostport(args.dns_listen, "--dns-listen") if args.dns_listen is not None else None
     if worker is not None and worker.index != 0:
         # With --workers only the first worker serves DNS: mitmproxy's UDP server cannot
         # share a port (no SO_REUSEPORT), and one process answers far more queries than
@@ -310,6 +317,8 @@ async def _run(args: argparse.Namespace) -> int:
     confdir = Path(os.path.expanduser(args.confdir))
     try:
         confdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:
+        raise UsageError(f"--confdir {confdir}: exists and is not a directory") from None
     except OSError as exc:
         raise UsageError(f"--confdir {confdir}: cannot create ({exc.strerror})") from None
     upstream_ca = _upstream_bundle(confdir, args.upstream_ca) if args.upstream_ca else None
