@@ -133,7 +133,8 @@ def readme_metrics() -> dict[str, tuple[str, frozenset[str]]]:
     metrics = {}
     for cells in table_rows(text):
         if len(cells) == 3 and re.fullmatch(r"`egress_[a-z_]+`", cells[0]):
-            metrics[cells[0].strip("`")] = (cells[1], frozenset(_top_level_code(cells[2])))
+            labels = frozenset(code for code in _top_level_code(cells[2]) if re.fullmatch(r"[a-z_]+", code))
+            metrics[cells[0].strip("`")] = (cells[1], labels)
     return metrics
 
 

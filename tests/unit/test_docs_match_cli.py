@@ -21,6 +21,7 @@ from documented import (
     REPO,
     SPEC_REASON_CODES,
     cli_flags,
+    readme_metrics,
     readme_reason_codes,
     reason_codes,
     section,
@@ -175,6 +176,32 @@ def test_every_egress_header_is_documented():
     text = README.read_text(encoding="utf-8")
     for header in headers | {"Proxy-Authenticate", "Proxy-Authorization"}:
         assert f"`{header}" in text, header
+
+
+def test_every_metric_and_its_labels_are_in_readme():
+    """Every egress_* metric the package defines, with its type and label names, is a row of
+    README's metric table (a real /metrics scrape checks the same in tests/e2e)."""
+    import egress.addons.failsafe
+    import egress.addons.limits
+    import egress.hooks.metrics
+    import egress.metrics  # noqa: F401 - each registers its metrics on import
+    from prometheus_client import REGISTRY
+
+    documented = readme_metrics()
+    # The registry's own map of collectors: labelled metrics without samples yet have
+    # no other place their label names can be read from.
+    collectors = [c for c in REGISTRY._collector_to_names if getattr(c, "_name", "").startswith("egress_")]
+    assert len(collectors) >= 15
+    for collector in collectors:
+        name = collector._name + ("_total" if collector._type == "counter" else "_info" if collector._type == "info" else "")
+        assert name in documented, f"{name} is missing from README's metric table"
+        doc_type, doc_labels = documented[name]
+        assert doc_type == collector._type, f"{name}: README says {doc_type}, the code {collector._type}"
+        labels = set(collector._labelnames) | (set() if collector._type != "info" else set(doc_labels))
+        assert labels == doc_labels, f"{name}: README labels {sorted(doc_labels)}, the code {sorted(labels)}"
+    assert set(documented) == {
+        c._name + ("_total" if c._type == "counter" else "_info" if c._type == "info" else "") for c in collectors
+    }
 
 
 # -- direction 2: the docs -> the software ------------------------------------------------
