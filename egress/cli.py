@@ -69,7 +69,8 @@ class UsageError(Exception):
 
 
 def parse_hostport(text: str, flag: str) -> tuple[str, int]:
-    from egress.hostport import HostPortError, parse_hostport as parse
+    from egress.hostport import HostPortError
+    from egress.hostport import parse_hostport as parse
 
     try:
         return parse(text, flag)
@@ -260,7 +261,7 @@ def _upstream_bundle(confdir: Path, extra: str) -> str:
         extra_pem = Path(extra).read_text(encoding="ascii")
     except UnicodeDecodeError:
         raise UsageError(f"--upstream-ca {extra}: not a PEM file (not ASCII text)") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise UsageError(f"--upstream-ca {extra}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     if "-----BEGIN CERTIFICATE-----" not in extra_pem:
         raise UsageError(f"--upstream-ca {extra}: no PEM certificate in file")

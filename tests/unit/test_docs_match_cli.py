@@ -104,7 +104,7 @@ def attributed_flags(line: str):
     starts = sorted(
         (m.start(), m) for pattern in OWN_PROGRAMS for m in re.finditer(pattern, line)
     )
-    for i, (start, match) in enumerate(starts):
+    for i, (_, match) in enumerate(starts):
         end = starts[i + 1][0] if i + 1 < len(starts) else len(line)
         known = program_flags(match)
         for flag in FLAG.findall(line[match.end() : end]):
@@ -181,11 +181,12 @@ def test_every_egress_header_is_documented():
 def test_every_metric_and_its_labels_are_in_readme():
     """Every egress_* metric the package defines, with its type and label names, is a row of
     README's metric table (a real /metrics scrape checks the same in tests/e2e)."""
+    from prometheus_client import REGISTRY
+
     import egress.addons.failsafe
     import egress.addons.limits
     import egress.hooks.metrics
     import egress.metrics  # noqa: F401 - each registers its metrics on import
-    from prometheus_client import REGISTRY
 
     documented = readme_metrics()
     # The registry's own map of collectors: labelled metrics without samples yet have
@@ -287,3 +288,20 @@ def test_documented_chart_values_exist():
     paths = value_paths(values)
     unknown = documented_values() - paths
     assert not unknown, f"the chart README documents values that values.yaml does not have: {sorted(unknown)}"
+
+
+def test_tests_named_in_docs_exist():
+    """SECURITY.md's "Shown by" column (and any doc) names tests that exist: a renamed or
+    deleted test must take its claim with it. `test_x_*` names a family of tests."""
+    sources = [*REPO.glob("tests/**/*.py"), *REPO.glob("bench/*.py")]
+    defined = set(re.findall(r"^\s*(?:async )?def (test_\w+)", "\n".join(p.read_text(encoding="utf-8") for p in sources), re.M))
+    files = {p.name for p in sources}
+    for path in OPERATOR_DOCS:
+        text = path.read_text(encoding="utf-8")
+        for name, star, suffix in re.findall(r"\b(test_[a-z0-9_]+)(\*?)(\.py)?", text):
+            if suffix:
+                assert name + ".py" in files, f"{path.name} names {name}.py, which does not exist"
+            elif star:
+                assert any(d.startswith(name) for d in defined), f"{path.name} names {name}*, no such tests"
+            else:
+                assert name in defined, f"{path.name} names {name}, no such test"
