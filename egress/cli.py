@@ -107,19 +107,27 @@ def _build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the proxy")
     source = run.add_mutually_exclusive_group(required=True)
-    source.add_argument("--spec", help="environment spec (JSON or YAML): one environment, no proxy auth")
+    source.add_argument("--spec", metavar="FILE", help="environment spec (JSON or YAML): one environment, no proxy auth")
     source.add_argument(
         "--spec-dir", metavar="DIR",
         help="one environment per *.yaml/*.yml/*.json in DIR (id = file stem); clients prove theirs with "
         "Proxy-Authorization (http://ENV_ID:TOKEN@proxy)",
     )  # fmt: skip
-    run.add_argument("--listen", default=DEFAULT_LISTEN, help=f"proxy address (default {DEFAULT_LISTEN})")
     run.add_argument(
-        "--metrics-listen", default=DEFAULT_METRICS_LISTEN, help=f"metrics/health address (default {DEFAULT_METRICS_LISTEN})"
+        "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"proxy address, IPv6 as [::1]:8080 (default {DEFAULT_LISTEN})"
     )
-    run.add_argument("--mode", choices=("regular", "transparent"), default="regular")
-    run.add_argument("--confdir", default=DEFAULT_CONFDIR, help="holds the CA (mitmproxy-ca-cert.pem)")
-    run.add_argument("--upstream-ca", help="extra trust anchors (PEM) for verifying upstream servers")
+    run.add_argument(
+        "--metrics-listen", default=DEFAULT_METRICS_LISTEN, metavar="HOST:PORT",
+        help=f"/metrics, /healthz, /readyz address (default {DEFAULT_METRICS_LISTEN})",
+    )
+    run.add_argument(
+        "--mode", choices=("regular", "transparent"), default="regular",
+        help="regular: clients use it as their HTTP(S) proxy; transparent: redirected connections (default regular)",
+    )  # fmt: skip
+    run.add_argument(
+        "--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"holds the CA, mitmproxy-ca-cert.pem (default {DEFAULT_CONFDIR})"
+    )
+    run.add_argument("--upstream-ca", metavar="FILE", help="extra trust anchors (PEM) for verifying upstream servers")
     run.add_argument("--log-format", choices=("json", "text"), default="json", help="audit log format on stdout")
     run.add_argument(
         "--report-only", action="store_true", help="like `network.mode: report`: log and count would-be blocks, let them pass"
@@ -149,15 +157,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="validate a spec (or a spec directory); one line per problem")
     check_source = check.add_mutually_exclusive_group(required=True)
-    check_source.add_argument("--spec")
-    check_source.add_argument("--spec-dir", metavar="DIR")
+    check_source.add_argument("--spec", metavar="FILE", help="environment spec (JSON or YAML)")
+    check_source.add_argument("--spec-dir", metavar="DIR", help="every *.yaml/*.yml/*.json in DIR, one environment each")
 
     rules = commands.add_parser(
         "redirect-rules", help="print (or --apply) the nftables rules that send a sandbox namespace through the proxy"
     )
-    rules.add_argument("--proxy-port", type=int, default=8080, help="the proxy's transparent port (default 8080)")
-    rules.add_argument("--proxy-uid", type=_uint, help="uid of the proxy process, whose traffic is exempt")
-    rules.add_argument("--proxy-mark", type=_uint, help="packet mark of the proxy's traffic, which is exempt")
+    rules.add_argument("--proxy-port", type=int, default=8080, metavar="PORT", help="the proxy's transparent port (default 8080)")
+    rules.add_argument("--proxy-uid", type=_uint, metavar="UID", help="uid of the proxy process, whose traffic is exempt")
+    rules.add_argument("--proxy-mark", type=_uint, metavar="MARK", help="packet mark of the proxy's traffic, which is exempt")
     rules.add_argument(
         "--dns", action="append", default=[], metavar="IP", help="resolver that may be reached on port 53 (repeatable)"
     )

@@ -305,3 +305,15 @@ def test_tests_named_in_docs_exist():
                 assert any(d.startswith(name) for d in defined), f"{path.name} names {name}*, no such tests"
             else:
                 assert name in defined, f"{path.name} names {name}, no such test"
+
+
+def test_chart_values_named_in_prose_exist():
+    """`dns.enabled: false`, `ca.certificate`, `sidecar.native` ... wherever the docs name a
+    value of the chart, values.yaml has it (`ca.crt` is a ConfigMap key, not a value)."""
+    values = yaml.safe_load((REPO / "charts" / "egress-proxy" / "values.yaml").read_text(encoding="utf-8"))
+    paths = value_paths(values)
+    for path in OPERATOR_DOCS:
+        text = path.read_text(encoding="utf-8")
+        for name in set(re.findall(r"`([a-zA-Z][a-zA-Z0-9]*(?:\.[a-zA-Z][a-zA-Z0-9]*)+)(?:[:=][^`]*)?`", text)):
+            if name.split(".")[0] in values and name not in {"ca.crt"}:
+                assert name in paths, f"{path.name} names the chart value {name}, which values.yaml does not have"
