@@ -153,43 +153,39 @@ def _parse_document(text: str, source: str) -> Any:
     return document
 
 
-def _children(node: Any) -> Iterable[Any] | None:
-    if isinstance(node, dict):
-        return node.values()
-    if isinstance(node, list):
-        return node
-    return None
-
-
 def _shape_problem(document: Any) -> str | None:
     """Depth and size of the document as code walking it sees them (aliases expanded),
     computed once per distinct object, so a bomb is measured without expanding it."""
+    if not isinstance(document, (dict, list)):
+        return None
     done: dict[int, tuple[int, int]] = {}  # id -> (values below and including it, depth)
     entered: set[int] = set()
     stack: list[tuple[Any, bool]] = [(document, False)]
     while stack:
         node, finishing = stack.pop()
-        children = _children(node)
-        if children is None or (not finishing and id(node) in done):
-            continue
+        key = id(node)
+        children = node.values() if isinstance(node, dict) else node
         if finishing:
-            entered.discard(id(node))
+            entered.discard(key)
             size, depth = 1, 1
             for child in children:
-                child_size, child_depth = done.get(id(child), (1, 0)) if _children(child) is not None else (1, 0)
-                size += child_size
-                depth = max(depth, child_depth + 1)
+                if isinstance(child, (dict, list)):
+                    child_size, child_depth = done[id(child)]
+                    size += child_size
+                    depth = max(depth, child_depth + 1)
+                else:
+                    size += 1
             if depth > _MAX_DEPTH:
                 return "document nested too deeply"
             if size > _MAX_NODES:
                 return f"document too large: more than {_MAX_NODES:,} values once its YAML aliases are expanded"
-            done[id(node)] = (size, depth)
-            continue
-        if id(node) in entered:  # reached again before it was finished: it contains itself
-            return "document contains itself (a recursive YAML alias)"
-        entered.add(id(node))
-        stack.append((node, True))
-        stack.extend((child, False) for child in children if _children(child) is not None)
+            done[key] = (size, depth)
+        elif key not in done:
+            if key in entered:  # reached again before it was finished: it contains itself
+                return "document contains itself (a recursive YAML alias)"
+            entered.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if isinstance(child, (dict, list)))
     return None
 
 

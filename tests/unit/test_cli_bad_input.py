@@ -239,3 +239,27 @@ def test_every_flag_has_a_bad_value_case():
     probed = {arg for _, argv, *_ in CASES for arg in argv if arg.startswith("--")}
     missing = {flag for flags in cli_flags().values() for flag in flags} - probed - no_bad_value
     assert not missing, f"flags without a bad-value case: {sorted(missing)}"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "env_path", "words"),
+    [
+        (["setpriv", "--bounding-set", "-net_admin"], None, "redirect-rules --apply: nft failed (exit 1): "),
+        ([], "/nonexistent", "redirect-rules --apply: cannot run nft (No such file or directory)"),
+    ],
+    ids=["without-net-admin", "without-nft"],
+)
+def test_redirect_rules_apply_failure_is_one_line(prefix, env_path, words):
+    """`--apply` where nft cannot do it: the rules are still printed on stdout, the failure
+    is one line on stderr, exit 1 (README: Redirect rules)."""
+    if prefix and os.geteuid() != 0:
+        pytest.skip("dropping CAP_NET_ADMIN from the bounding set needs root")
+    env = {**os.environ, "PATH": env_path} if env_path else None
+    done = subprocess.run(
+        [*prefix, script("egress-proxy"), "redirect-rules", "--proxy-uid", "1", "--apply"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith("#") or "table inet egress_redirect" in done.stdout
+    assert len(done.stderr.splitlines()) == 1 and words in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
