@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
