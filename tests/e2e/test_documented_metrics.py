@@ -133,3 +133,16 @@ def test_audit_lines_have_the_fields_readme_shows(proxy_with_traffic):
         assert frozenset(entry) in examples[event], f"{event} line has fields {sorted(entry)}, README shows {examples[event]}"
         seen.add(event)
     assert seen >= {"request", "tunnel", "tunnel_closed", "dns"}, seen
+
+
+def test_metrics_of_workers_are_documented(lab):
+    """`--workers 2`: the supervisor's aggregated /metrics has documented names and labels only."""
+    proxy = lab.start_proxy(SPEC, "--workers", "2")
+    try:
+        curl = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", "-x", proxy.url]
+        assert lab.exec(*curl, "http://other.test/").stdout == "403"
+        types, labels = scrape(proxy)
+        assert labels.get("egress_requests_total"), types
+        check_against_readme(types, labels)
+    finally:
+        proxy.stop()
