@@ -78,6 +78,15 @@ def parse_hostport(text: str, flag: str) -> tuple[str, int]:
         raise UsageError(str(exc)) from None
 
 
+def _check_can_listen(text: str, host: str, port: int, flag: str, transports: tuple[str, ...] = ("tcp",)) -> None:
+    from egress.hostport import HostPortError, check_can_listen
+
+    try:
+        check_can_listen(text, host, port, flag, transports)
+    except HostPortError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def parse_set(values: list[str]) -> dict[str, str]:
     options: dict[str, str] = {}
     for item in values:
@@ -319,6 +328,10 @@ async def _run(args: argparse.Namespace) -> int:
         # a sandbox asks (docs/benchmarks-dns.md).
         dns_listen = None
     metrics_host, metrics_port = parse_hostport(args.metrics_listen, "--metrics-listen")
+    if worker is None:  # workers share the port (SO_REUSEPORT): their supervisor checked it
+        _check_can_listen(args.listen, listen_host, listen_port, "--listen")
+        if dns_listen:
+            _check_can_listen(args.dns_listen, *dns_listen, "--dns-listen", ("udp", "tcp"))
     extra = {_limit_option(flag): str(getattr(args, flag[2:].replace("-", "_"))) for flag, *_ in _LIMIT_FLAGS}
     if extra["tcp_timeout"] == "0":  # mitmproxy would close every connection at once
         extra["tcp_timeout"] = str(10 * 365 * 86400)

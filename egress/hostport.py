@@ -78,3 +78,27 @@ def _check_host(host: str, flag: str) -> str:
         reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
         raise HostPortError(f"{flag}: cannot resolve host {host!r} ({reason})") from None
     return host
+
+
+def check_can_listen(text: str, host: str, port: int, flag: str, transports: tuple[str, ...] = ("tcp",)) -> None:
+    """Bind (and release) what the proxy is about to listen on, so an address in use or
+    not on this machine is one line naming the flag, before the start-up banner, rather
+    than mitmproxy's error after it. Port 0 (any free port) needs no check."""
+    if port == 0:
+        return
+    for transport in transports:
+        kind = socket.SOCK_STREAM if transport == "tcp" else socket.SOCK_DGRAM
+        try:
+            addresses = socket.getaddrinfo(host, port, type=kind, flags=socket.AI_PASSIVE)
+        except socket.gaierror as exc:
+            raise HostPortError(f"{flag} {text}: cannot resolve ({exc.strerror})") from None
+        for family, socktype, proto, _, address in addresses:
+            with socket.socket(family, socktype, proto) as sock:
+                if transport == "tcp":  # as asyncio's servers do: a TIME_WAIT leftover is no conflict
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    sock.bind(address)
+                except OSError as exc:
+                    raise HostPortError(f"{flag} {text}: cannot listen on {transport.upper()} ({exc.strerror})") from None

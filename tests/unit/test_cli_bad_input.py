@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,7 @@ def script(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, str]:
+def files(tmp_path_factory) -> Iterator[dict[str, str]]:
     d = tmp_path_factory.mktemp("bad-input")
     paths: dict[str, Path] = {}
 
@@ -80,7 +82,17 @@ def files(tmp_path_factory) -> dict[str, str]:
     (good_dir / "team-a.yaml").write_text("network:\n  proxyToken: t\n  allowlist: []\n")
     paths["good-specs"] = good_dir
     paths["confdir"] = d / "confdir"
-    return {name: str(path) for name, path in paths.items()}
+    found = {name: str(path) for name, path in paths.items()}
+    # Ports held by this test while the cases run: "address in use" for the listeners.
+    busy_tcp = socket.socket()
+    busy_tcp.bind(("127.0.0.1", 0))
+    busy_tcp.listen()
+    busy_udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    busy_udp.bind(("127.0.0.1", 0))
+    found["busy-tcp"] = f"127.0.0.1:{busy_tcp.getsockname()[1]}"
+    found["busy-udp"] = f"127.0.0.1:{busy_udp.getsockname()[1]}"
+    with busy_tcp, busy_udp:
+        yield found
 
 
 # (id, command and arguments, expected exit status, words the one line must contain)
@@ -99,6 +111,10 @@ CASES = [
     ("dns-listen-brackets-not-ipv6", [*RUN, "--dns-listen", "[x]:53"], 2, "--dns-listen: 'x' in brackets is not an IPv6"),
     ("dns-listen-junk-after-bracket", [*RUN, "--dns-listen", "[::1]53"], 2, "--dns-listen: expected ':PORT' after ']'"),
     ("dns-listen-empty", [*RUN, "--dns-listen", ""], 2, "--dns-listen: expected HOST:PORT, got ''"),
+    ("listen-address-in-use", [*RUN, "--listen", "{busy-tcp}"], 2, "--listen {busy-tcp}: cannot listen on TCP (Address already in use)"),
+    ("listen-address-not-local", [*RUN, "--listen", "198.51.100.1:8080"], 2, "--listen 198.51.100.1:8080: cannot listen on TCP (Cannot assign requested address)"),
+    ("dns-listen-address-in-use", [*RUN, "--dns-listen", "{busy-udp}"], 2, "--dns-listen {busy-udp}: cannot listen on UDP (Address already in use)"),
+    ("metrics-listen-in-use", [*RUN, "--metrics-listen", "{busy-tcp}"], 2, "--metrics-listen {busy-tcp}: cannot listen (Address already in use)"),
     ("metrics-port-not-number", [*RUN, "--metrics-listen", "127.0.0.1:abc"], 2, "--metrics-listen: port 'abc' is not a number"),
     ("metrics-bad-ipv4", [*RUN, "--metrics-listen", "300.1.1.1:9090"], 2, "--metrics-listen: '300.1.1.1' is not an IPv4 address"),
     # -- egress-proxy run: counts, choices
