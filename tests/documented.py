@@ -144,3 +144,15 @@ def readme_reason_codes() -> dict[str, list[str]]:
     return {
         cells[0].strip("`"): cells for cells in table_rows(text) if re.fullmatch(r"`[a-z_]+`", cells[0])
     }
+
+
+def readme_label_values() -> dict[tuple[str, str], frozenset[str]]:
+    """README's metric table: (metric, label) -> the values listed in parentheses after
+    the label, e.g. `decision` (`allowed`, `blocked`, `reported`)."""
+    text = section(README.read_text(encoding="utf-8"), "### Metrics and health")
+    values = {}
+    for cells in table_rows(text):
+        if len(cells) == 3 and re.fullmatch(r"`egress_[a-z_]+`", cells[0]):
+            for label, listed in re.findall(r"`([a-z_]+)` \(((?:`[^`]+`(?:, )?)+)\)", cells[2]):
+                values[(cells[0].strip("`"), label)] = frozenset(re.findall(r"`([^`]+)`", listed))
+    return values

@@ -21,6 +21,7 @@ from documented import (
     REPO,
     SPEC_REASON_CODES,
     cli_flags,
+    readme_label_values,
     readme_metrics,
     readme_reason_codes,
     reason_codes,
@@ -317,3 +318,39 @@ def test_chart_values_named_in_prose_exist():
         for name in set(re.findall(r"`([a-zA-Z][a-zA-Z0-9]*(?:\.[a-zA-Z][a-zA-Z0-9]*)+)(?:[:=][^`]*)?`", text)):
             if name.split(".")[0] in values and name not in {"ca.crt"}:
                 assert name in paths, f"{path.name} names the chart value {name}, which values.yaml does not have"
+
+
+def code_label_values() -> dict[tuple[str, str], frozenset[str]]:
+    """The label values the code can produce, from its constants and from the string
+    literals it passes to `.labels()` / the helpers that call it."""
+    from egress import dns_policy, upstream
+    from egress.hooks import decisions
+    from egress.policy import Decision
+
+    source = {p.name: p.read_text(encoding="utf-8") for p in (REPO / "egress").rglob("*.py")}
+    every = "\n".join(source.values())
+    decision = frozenset(
+        {Decision(host="h").label, Decision(host="h", reason="r").label, Decision(host="h", reason="r", reported=True).label}
+    )
+    assert '"local"' in source["dns_policy.py"]
+    return {
+        ("egress_requests_total", "decision"): decision,
+        ("egress_dns_queries_total", "decision"): decision | {"local"},
+        ("egress_dns_queries_total", "qtype"): frozenset({*dns_policy.QTYPE_LABELS.values(), dns_policy.OTHER_QTYPE}),
+        ("egress_upstream_errors_total", "reason"): frozenset(upstream.REASONS),
+        ("egress_connections_refused_total", "limit"): frozenset(
+            re.findall(r'_refuse\(client, "(\w+)"', every) + re.findall(r'REFUSED\.labels\("(\w+)"\)', every)
+        ),
+        ("egress_timeouts_total", "kind"): frozenset(re.findall(r'TIMEOUTS\.labels\("(\w+)"\)', every)),
+        ("egress_environment_reloads_total", "result"): frozenset(re.findall(r'self\._count\([^,]+, "(\w+)"\)', every)),
+        ("egress_config_reloads_total", "result"): frozenset(re.findall(r'CONFIG_RELOADS\.labels\("(\w+)"\)', every)),
+        ("egress_hook_runs_total", "outcome"): frozenset({decisions.ALLOW, decisions.DENY, decisions.ERROR, decisions.TIMEOUT}),
+    }
+
+
+def test_documented_label_values_are_the_ones_the_code_produces():
+    documented = readme_label_values()
+    for key, values in code_label_values().items():
+        assert values, f"found no values for {key} in the code"
+        assert key in documented, f"README's metric table does not list the values of {key[0]}{{{key[1]}}}"
+        assert documented[key] == values, f"{key[0]}{{{key[1]}}}: README {sorted(documented[key])}, code {sorted(values)}"
