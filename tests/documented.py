@@ -100,11 +100,20 @@ def reason_codes() -> set[str]:
 
 
 def section(text: str, heading: str) -> str:
-    """The body of a Markdown section (up to the next heading of the same or a higher level)."""
-    level = heading.split(" ", 1)[0]
-    match = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^#{{1,{len(level)}}} |\Z)", text, re.M | re.S)
-    assert match, f"no section {heading!r}"
-    return match.group(1)
+    """The body of a Markdown section (up to the next heading of the same or a higher
+    level; `# ` lines inside fenced code blocks are not headings)."""
+    level = len(heading.split(" ", 1)[0])
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip("\n") == heading), None)
+    assert start is not None, f"no section {heading!r}"
+    body, fenced = [], False
+    for line in lines[start + 1 :]:
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(rf"#{{1,{level}}} ", line):
+            break
+        body.append(line)
+    return "".join(body)
 
 
 def table_rows(text: str) -> list[list[str]]:

@@ -56,3 +56,23 @@ def test_example_spec_header_command_works():
         [script("egress-proxy"), "check", "--spec", "examples/spec.yaml"], capture_output=True, text=True, timeout=60, env=env, cwd=REPO
     )
     assert done.returncode == 1 and "EXAMPLE_GITHUB_TOKEN is not set" in done.stderr
+
+
+def test_readme_hooks_example_as_written():
+    """README "Hooks": the commands run in the repository as shown (the installed
+    scripts in place of `.venv/bin/`), and print what the comments say."""
+    text = section(README.read_text(encoding="utf-8"), "## Hooks: `egress-hooks`")
+    block = re.search(r"```sh\n(.*?)```", text, re.S).group(1).splitlines()
+    bin_dir = os.path.dirname(script("egress-hooks"))
+    claims = []
+    for i, line in enumerate(block):
+        if line.startswith("#"):
+            continue
+        command, _, comment = line.partition("  # ")
+        expected = comment.strip() or block[i + 1].removeprefix("# ").strip()
+        claims.append((command.replace(".venv/bin/", bin_dir + "/"), expected))
+    assert len(claims) == 2
+    for command, expected in claims:
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == expected, (command, done.stdout)
