@@ -89,8 +89,10 @@ def _config_path(args: argparse.Namespace) -> Path | None:
         path = Path(args.config)
         if path.is_dir():
             raise UsageError(f"--config {args.config}: is a directory, not a hooks.json file")
-        if not path.is_file():
+        if not path.exists():
             raise UsageError(f"--config {args.config}: no such file")
+        if not path.is_file():
+            raise UsageError(f"--config {args.config}: not a regular file")
         return path
     return discover_config(args.workspace or ".")
 
@@ -120,7 +122,7 @@ def _check_ca_file(ca_file: str) -> None:
     path = Path(ca_file)
     if path.is_dir():
         raise UsageError(f"--ca-file {ca_file}: is a directory, not a PEM bundle")
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"--ca-file {ca_file}: no such file")
     try:
         ssl.create_default_context(cafile=ca_file)

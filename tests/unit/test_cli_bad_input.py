@@ -191,6 +191,7 @@ CASES = [
     ("hooks-no-command", ["egress-hooks"], 2, "the following arguments are required: command"),
     ("hooks-config-missing", ["egress-hooks", "check", "--config", "{adir}/none.json"], 2, "--config {adir}/none.json: no such file"),
     ("hooks-config-directory", ["egress-hooks", "check", "--config", "{adir}"], 2, "--config {adir}: is a directory, not a hooks.json file"),
+    ("hooks-config-device", ["egress-hooks", "check", "--config", "/dev/zero"], 2, "--config /dev/zero: not a regular file"),
     ("hooks-workspace-missing", ["egress-hooks", "check", "--workspace", "{adir}/none"], 2, "--workspace {adir}/none: no such directory"),
     ("hooks-dispatch-workspace-file", ["egress-hooks", "dispatch", "pre_tool_execution", "--workspace", "{good.yaml}"], 2, "--workspace {good.yaml}: no such directory"),
     ("hooks-ca-file-missing", ["egress-hooks", "dispatch", "pre_tool_execution", "--ca-file", "{adir}/none.pem"], 2, "--ca-file {adir}/none.pem: no such file"),
