@@ -58,6 +58,7 @@ OWN_PROGRAMS = {
     r"egress-hooks dispatch\b": lambda: cli_flags()["egress-hooks dispatch"],
     r"egress-hooks check\b": lambda: cli_flags()["egress-hooks check"],
     r"egress-(?:proxy|hooks) --version\b": lambda: frozenset({"--version"}),
+    r"scripts/run-example\.sh\b": lambda: cli_flags()["egress-proxy run"],  # passes them on
     r"bench/(\w+)\.py\b": None,  # its own --help
     r"scripts/build-image\.sh\b": None,  # the options its argument loop takes
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 
 from documented import README, REPO, script, section
@@ -76,3 +77,22 @@ def test_readme_hooks_example_as_written():
         done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, cwd=REPO)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == expected, (command, done.stdout)
+
+
+def test_readme_port_taken_message_is_what_run_says(tmp_path):
+    """The quick start quotes the error for a port already taken; with a port of ours
+    taken, `egress-proxy run` prints that line (with our port) and nothing else."""
+    text = section(README.read_text(encoding="utf-8"), "## Quick start")
+    quoted = re.search(r"`(--listen 127\.0\.0\.1:8080: cannot listen[^`]*)`", text)
+    assert quoted, "the quick start no longer quotes the port-taken error"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [script("egress-proxy"), "run", "--spec", str(REPO / "examples" / "spec.yaml"), "--listen", f"127.0.0.1:{port}",
+             "--metrics-listen", "127.0.0.1:0", "--confdir", str(tmp_path / "conf")],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "EXAMPLE_GITHUB_TOKEN": "x"},
+        )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == "egress-proxy: " + quoted.group(1).replace("8080", str(port))
