@@ -8,6 +8,7 @@ tests/e2e/test_documented_metrics.py.)
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -64,6 +65,7 @@ OWN_PROGRAMS = {
 }
 
 
+@functools.cache
 def bench_flags(name: str) -> frozenset[str]:
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / f"{name}.py"), "--help"], capture_output=True, text=True, timeout=60
@@ -71,6 +73,7 @@ def bench_flags(name: str) -> frozenset[str]:
     return frozenset(FLAG.findall(done.stdout + done.stderr))
 
 
+@functools.cache
 def build_image_flags() -> frozenset[str]:
     source = (REPO / "scripts" / "build-image.sh").read_text(encoding="utf-8")
     return frozenset(re.findall(r"^\s*(--[a-z-]+)\)", source, re.M))
