@@ -102,7 +102,10 @@ def _check_proxy_url(url: str) -> None:
     endpoint fails open (SPEC §4): a typo here would silently allow every call."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed `[`; the message holds no part of the URL
+        raise UsageError(f"--proxy: not a valid URL ({exc})") from None
     # The URL may carry the sandbox's proxy token (http://ENV_ID:TOKEN@gateway:8080):
     # never echo the credentials.
     shown = repr(parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl())

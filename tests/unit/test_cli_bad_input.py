@@ -199,6 +199,7 @@ CASES = [
     ("hooks-ca-file-not-pem", ["egress-hooks", "dispatch", "pre_tool_execution", "--ca-file", "{notpem.pem}"], 2, "--ca-file {notpem.pem}: not a PEM CA bundle"),
     ("hooks-proxy-scheme", ["egress-hooks", "dispatch", "pre_tool_execution", "--proxy", "socks5://proxy.test:1080"], 2, "--proxy 'socks5://proxy.test:1080': expected http://HOST:PORT"),
     ("hooks-proxy-port", ["egress-hooks", "dispatch", "pre_tool_execution", "--proxy", f"http://team-a:{SECRET}@gw.test:99999"], 2, "--proxy 'http://gw.test:99999': not a valid URL"),
+    ("hooks-proxy-bad-brackets", ["egress-hooks", "dispatch", "pre_tool_execution", "--proxy", f"http://env:{SECRET}@[gw.test:8080"], 2, "--proxy: not a valid URL (Invalid IPv6 URL)"),
     ("hooks-proxy-no-host", ["egress-hooks", "dispatch", "pre_tool_execution", "--proxy", "http://"], 2, "--proxy 'http://': expected http://HOST:PORT"),
     ("hooks-event-not-json", ["egress-hooks", "dispatch", "pre_tool_execution", "--config", "{hooks-ok.json}"], 2, "event on stdin is not JSON"),
     ("hooks-check-binary", ["egress-hooks", "check", "--config", "{junk.yaml}"], 1, "{junk.yaml}: not UTF-8"),
