@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from egress import __version__
 from egress.spec import SpecError, load_spec
@@ -68,18 +69,22 @@ class UsageError(Exception):
 
 
 def parse_hostport(text: str, flag: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise UsageError(f"{flag}: expected HOST:PORT, got {text!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
+    from egress.hostport import HostPortError
+    from egress.hostport import parse_hostport as parse
+
     try:
-        number = int(port)
-    except ValueError:
-        raise UsageError(f"{flag}: port {port!r} is not a number") from None
-    if not 0 <= number <= 65535:
-        raise UsageError(f"{flag}: port {number} is out of range")
-    return host, number
+        return parse(text, flag)
+    except HostPortError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _check_can_listen(text: str, host: str, port: int, flag: str, transports: tuple[str, ...] = ("tcp",)) -> None:
+    from egress.hostport import HostPortError, check_can_listen
+
+    try:
+        check_can_listen(text, host, port, flag, transports)
+    except HostPortError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def parse_set(values: list[str]) -> dict[str, str]:
@@ -90,30 +95,48 @@ def parse_set(values: list[str]) -> dict[str, str]:
             raise UsageError(f"--set: expected NAME=VALUE, got {item!r}")
         if name in _REFUSED_OPTIONS:
             raise UsageError(f"--set {name}: refused ({_REFUSED_OPTIONS[name]})")
+        if flag := next((flag for flag, *_ in _LIMIT_FLAGS if _limit_option(flag) == name), None):
+            # The flag checks the value (a negative timeout would pass through --set).
+            raise UsageError(f"--set {name}: refused (use {flag})")
         options[name] = value
     return options
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line naming the flag, not argparse's usage block: operators read it in
+        # `kubectl logs` and CI output, where a wrapped usage text buries the reason.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="egress-proxy", description="Egress proxy for AI-agent sandboxes.")
+    parser = _Parser(prog="egress-proxy", description="Egress proxy for AI-agent sandboxes.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the proxy")
     source = run.add_mutually_exclusive_group(required=True)
-    source.add_argument("--spec", help="environment spec (JSON or YAML): one environment, no proxy auth")
+    source.add_argument("--spec", metavar="FILE", help="environment spec (JSON or YAML): one environment, no proxy auth")
     source.add_argument(
         "--spec-dir", metavar="DIR",
         help="one environment per *.yaml/*.yml/*.json in DIR (id = file stem); clients prove theirs with "
         "Proxy-Authorization (http://ENV_ID:TOKEN@proxy)",
     )  # fmt: skip
-    run.add_argument("--listen", default=DEFAULT_LISTEN, help=f"proxy address (default {DEFAULT_LISTEN})")
     run.add_argument(
-        "--metrics-listen", default=DEFAULT_METRICS_LISTEN, help=f"metrics/health address (default {DEFAULT_METRICS_LISTEN})"
+        "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"proxy address, IPv6 as [::1]:8080 (default {DEFAULT_LISTEN})"
     )
-    run.add_argument("--mode", choices=("regular", "transparent"), default="regular")
-    run.add_argument("--confdir", default=DEFAULT_CONFDIR, help="holds the CA (mitmproxy-ca-cert.pem)")
-    run.add_argument("--upstream-ca", help="extra trust anchors (PEM) for verifying upstream servers")
+    run.add_argument(
+        "--metrics-listen", default=DEFAULT_METRICS_LISTEN, metavar="HOST:PORT",
+        help=f"/metrics, /healthz, /readyz address (default {DEFAULT_METRICS_LISTEN})",
+    )
+    run.add_argument(
+        "--mode", choices=("regular", "transparent"), default="regular",
+        help="regular: clients use it as their HTTP(S) proxy; transparent: redirected connections (default regular)",
+    )  # fmt: skip
+    run.add_argument(
+        "--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"holds the CA, mitmproxy-ca-cert.pem (default {DEFAULT_CONFDIR})"
+    )
+    run.add_argument("--upstream-ca", metavar="FILE", help="extra trust anchors (PEM) for verifying upstream servers")
     run.add_argument("--log-format", choices=("json", "text"), default="json", help="audit log format on stdout")
     run.add_argument(
         "--report-only", action="store_true", help="like `network.mode: report`: log and count would-be blocks, let them pass"
@@ -143,15 +166,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="validate a spec (or a spec directory); one line per problem")
     check_source = check.add_mutually_exclusive_group(required=True)
-    check_source.add_argument("--spec")
-    check_source.add_argument("--spec-dir", metavar="DIR")
+    check_source.add_argument("--spec", metavar="FILE", help="environment spec (JSON or YAML)")
+    check_source.add_argument("--spec-dir", metavar="DIR", help="every *.yaml/*.yml/*.json in DIR, one environment each")
 
     rules = commands.add_parser(
         "redirect-rules", help="print (or --apply) the nftables rules that send a sandbox namespace through the proxy"
     )
-    rules.add_argument("--proxy-port", type=int, default=8080, help="the proxy's transparent port (default 8080)")
-    rules.add_argument("--proxy-uid", type=_uint, help="uid of the proxy process, whose traffic is exempt")
-    rules.add_argument("--proxy-mark", type=_uint, help="packet mark of the proxy's traffic, which is exempt")
+    rules.add_argument("--proxy-port", type=int, default=8080, metavar="PORT", help="the proxy's transparent port (default 8080)")
+    rules.add_argument("--proxy-uid", type=_uint, metavar="UID", help="uid of the proxy process, whose traffic is exempt")
+    rules.add_argument("--proxy-mark", type=_uint, metavar="MARK", help="packet mark of the proxy's traffic, which is exempt")
     rules.add_argument(
         "--dns", action="append", default=[], metavar="IP", help="resolver that may be reached on port 53 (repeatable)"
     )
@@ -253,7 +276,9 @@ def _upstream_bundle(confdir: Path, extra: str) -> str:
 
     try:
         extra_pem = Path(extra).read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise UsageError(f"--upstream-ca {extra}: not a PEM file (not ASCII text)") from None
+    except OSError as exc:
         raise UsageError(f"--upstream-ca {extra}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     if "-----BEGIN CERTIFICATE-----" not in extra_pem:
         raise UsageError(f"--upstream-ca {extra}: no PEM certificate in file")
@@ -296,13 +321,17 @@ async def _run(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return 1
     listen_host, listen_port = parse_hostport(args.listen, "--listen")
-    dns_listen = parse_hostport(args.dns_listen, "--dns-listen") if args.dns_listen else None
+    dns_listen = parse_hostport(args.dns_listen, "--dns-listen") if args.dns_listen is not None else None
     if worker is not None and worker.index != 0:
         # With --workers only the first worker serves DNS: mitmproxy's UDP server cannot
         # share a port (no SO_REUSEPORT), and one process answers far more queries than
         # a sandbox asks (docs/benchmarks-dns.md).
         dns_listen = None
     metrics_host, metrics_port = parse_hostport(args.metrics_listen, "--metrics-listen")
+    if worker is None:  # workers share the port (SO_REUSEPORT): their supervisor checked it
+        _check_can_listen(args.listen, listen_host, listen_port, "--listen")
+        if dns_listen:
+            _check_can_listen(args.dns_listen, *dns_listen, "--dns-listen", ("udp", "tcp"))
     extra = {_limit_option(flag): str(getattr(args, flag[2:].replace("-", "_"))) for flag, *_ in _LIMIT_FLAGS}
     if extra["tcp_timeout"] == "0":  # mitmproxy would close every connection at once
         extra["tcp_timeout"] = str(10 * 365 * 86400)
@@ -310,6 +339,8 @@ async def _run(args: argparse.Namespace) -> int:
     confdir = Path(os.path.expanduser(args.confdir))
     try:
         confdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:
+        raise UsageError(f"--confdir {confdir}: exists and is not a directory") from None
     except OSError as exc:
         raise UsageError(f"--confdir {confdir}: cannot create ({exc.strerror})") from None
     upstream_ca = _upstream_bundle(confdir, args.upstream_ca) if args.upstream_ca else None

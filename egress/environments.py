@@ -32,7 +32,7 @@ from pathlib import Path
 
 from egress import metrics
 from egress.reload import Fingerprint, _fingerprint, _log
-from egress.spec import Spec, SpecError, parse_spec
+from egress.spec import Spec, SpecError, parse_spec, read_spec_text
 
 ENVIRONMENT_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
@@ -94,12 +94,7 @@ def _load_with_digest(spec_file: SpecFile, report_only: bool) -> tuple[Spec, byt
     """The spec and a digest of the very text it was parsed from."""
     if (problem := environment_problem(spec_file.environment)) is not None:
         raise SpecError([f"{spec_file.path}: {problem}"])
-    try:
-        text = spec_file.path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError([f"{spec_file.path}: file not found"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([f"{spec_file.path}: cannot read ({getattr(exc, 'strerror', None) or exc})"]) from None
+    text = read_spec_text(spec_file.path)
     spec = parse_spec(text, source=str(spec_file.path))
     spec = dataclasses.replace(spec, environment=spec_file.environment, mode="report" if report_only else spec.mode)
     return spec, _digest(text.encode("utf-8"))

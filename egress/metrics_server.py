@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,7 +36,14 @@ def serve_metrics(
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes every few seconds would drown the audit log
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    # ThreadingHTTPServer binds IPv4 only: an IPv6 --metrics-listen ([::1]:9090, [::]:9090)
+    # needs the family chosen from the address.
+    server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+    server = server_class((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6

@@ -41,12 +41,17 @@ class Secret:
         return hash(self._value)
 
 
+# A token, a password or a certificate-sized credential; a header value far beyond
+# this would be refused by every server anyway.
+_MAX_SECRET_CHARS = 64 * 1024
+
+
 def _read_file(path: str) -> str:
     if not os.path.isabs(path):
         raise SecretReferenceError(f"${{file:{path}}}: path must be absolute")
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(_MAX_SECRET_CHARS + 1)
     except FileNotFoundError:
         raise SecretReferenceError(f"${{file:{path}}}: file not found") from None
     except PermissionError:
@@ -57,6 +62,8 @@ def _read_file(path: str) -> str:
         raise SecretReferenceError(f"${{file:{path}}}: cannot read ({exc.strerror})") from None
     except ValueError:  # NUL byte or lone surrogate: no such path can exist
         raise SecretReferenceError(f"${{file:{path}}}: not a valid path") from None
+    if len(text) > _MAX_SECRET_CHARS:  # e.g. ${file:/dev/zero}: never read it whole
+        raise SecretReferenceError(f"${{file:{path}}}: larger than {_MAX_SECRET_CHARS} characters, not a secret")
     # Secret files written by `echo` or editors end in a newline that is not part of the token.
     return text.removesuffix("\n").removesuffix("\r")
 

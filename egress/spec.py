@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,13 +86,32 @@ class Spec:
 def load_spec(path: str | Path, environ: dict[str, str] | None = None) -> Spec:
     """Read and validate a spec file; raises SpecError."""
     path = Path(path)
+    return parse_spec(read_spec_text(path), source=str(path), environ=environ)
+
+
+# A spec of 100,000 allowlist entries with transforms is about 10 MB; anything far
+# beyond is a wrong file (a log, an image), and reading it whole would cost its size
+# in memory several times over (text, then the parsed document).
+MAX_SPEC_BYTES = 32 * 1024 * 1024
+
+
+def read_spec_text(path: Path) -> str:
+    """The text of a spec file, at most MAX_SPEC_BYTES; raises SpecError naming the file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecError([f"{path}: file not found"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})"]) from None
-    return parse_spec(text, source=str(path), environ=environ)
+    except IsADirectoryError:
+        raise SpecError([f"{path}: is a directory, not a spec file"]) from None
+    except OSError as exc:
+        raise SpecError([f"{path}: cannot read ({exc.strerror or exc})"]) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError([f"{path}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MiB, not a spec file"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"]) from None
 
 
 def parse_spec(text: str, source: str = "<spec>", environ: dict[str, str] | None = None) -> Spec:
@@ -113,6 +131,12 @@ def _one_line(problem: str) -> str:
 
 
 _MAX_DEPTH = 100  # a real spec is five levels deep
+# Values in the document with YAML aliases expanded (each use of an anchor counted
+# again): a 100,000-entry spec with transforms has about 400,000. An alias bomb
+# ("billion laughs": nine aliases of nine aliases of ...) is a few hundred bytes that
+# libyaml builds as shared objects at once, but anything that walks or prints it
+# (validation, an error message echoing a value) would expand billions of them.
+_MAX_NODES = 5_000_000
 
 
 def _parse_document(text: str, source: str) -> Any:
@@ -123,26 +147,45 @@ def _parse_document(text: str, source: str) -> Any:
         # thousand `[` exhaust the stack.
         raise SpecError([f"{source}: document nested too deeply"]) from None
     # libyaml does not recurse, but what it builds must not reach code that does.
-    if _depth_exceeds(document, _MAX_DEPTH):
-        raise SpecError([f"{source}: document nested too deeply"])
+    if (problem := _shape_problem(document)) is not None:
+        raise SpecError([f"{source}: {problem}"])
     return document
 
 
-def _depth_exceeds(document: Any, limit: int) -> bool:
-    stack = [(document, 1)]
+def _shape_problem(document: Any) -> str | None:
+    """Depth and size of the document as code walking it sees them (aliases expanded),
+    computed once per distinct object, so a bomb is measured without expanding it."""
+    if not isinstance(document, (dict, list)):
+        return None
+    done: dict[int, tuple[int, int]] = {}  # id -> (values below and including it, depth)
+    entered: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(document, False)]
     while stack:
-        node, depth = stack.pop()
-        children: Iterable[Any]
-        if isinstance(node, dict):
-            children = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
+        node, finishing = stack.pop()
+        key = id(node)
+        children = node.values() if isinstance(node, dict) else node
+        if finishing:
+            entered.discard(key)
+            size, depth = 1, 1
+            for child in children:
+                if isinstance(child, (dict, list)):
+                    child_size, child_depth = done[id(child)]
+                    size += child_size
+                    depth = max(depth, child_depth + 1)
+                else:
+                    size += 1
+            if depth > _MAX_DEPTH:
+                return "document nested too deeply"
+            if size > _MAX_NODES:
+                return f"document too large: more than {_MAX_NODES:,} values once its YAML aliases are expanded"
+            done[key] = (size, depth)
+        elif key not in done:
+            if key in entered:  # reached again before it was finished: it contains itself
+                return "document contains itself (a recursive YAML alias)"
+            entered.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if isinstance(child, (dict, list)))
+    return None
 
 
 def _parse_syntax(text: str, source: str) -> Any:
@@ -162,6 +205,9 @@ def _parse_syntax(text: str, source: str) -> Any:
 
 
 def _build(data: Any, problems: list[str], environ: dict[str, str] | None) -> Spec | None:
+    if data is None:
+        problems.append("empty (expected the environment object or its `network` part)")
+        return None
     if not isinstance(data, dict):
         problems.append("top level must be a mapping (the environment object or its `network` part)")
         return None

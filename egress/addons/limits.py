@@ -29,7 +29,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from mitmproxy import connection, ctx, http, tls
+from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.proxy import commands, events, layer, mode_specs, server_hooks
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
@@ -98,6 +98,8 @@ class ConnectionLimits:
 
     def configure(self, updated: set[str]) -> None:
         if "egress_max_header_bytes" in updated:
+            if ctx.options.egress_max_header_bytes < 1:  # 0 or less would refuse every request with 431
+                raise exceptions.OptionsError("egress_max_header_bytes must be at least 1")
             _HeadLimit.max_bytes = ctx.options.egress_max_header_bytes
 
     # -- connection caps and the request-head deadline -----------------------------

@@ -83,12 +83,55 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _config_path(args: argparse.Namespace) -> Path | None:
     from egress.hooks.config import discover_config
 
+    if args.workspace is not None and not Path(args.workspace).is_dir():
+        raise UsageError(f"--workspace {args.workspace}: no such directory")
     if args.config is not None:
         path = Path(args.config)
-        if not path.is_file():
+        if path.is_dir():
+            raise UsageError(f"--config {args.config}: is a directory, not a hooks.json file")
+        if not path.exists():
             raise UsageError(f"--config {args.config}: no such file")
+        if not path.is_file():
+            raise UsageError(f"--config {args.config}: not a regular file")
         return path
     return discover_config(args.workspace or ".")
+
+
+def _check_proxy_url(url: str) -> None:
+    """--proxy: checked before any hook runs, since a hook that cannot reach its
+    endpoint fails open (SPEC §4): a typo here would silently allow every call."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed `[`; the message holds no part of the URL
+        raise UsageError(f"--proxy: not a valid URL ({exc})") from None
+    # The URL may carry the sandbox's proxy token (http://ENV_ID:TOKEN@gateway:8080):
+    # never echo the credentials.
+    shown = repr(parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl())
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"--proxy {shown}: not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--proxy {shown}: expected http://HOST:PORT (or https://)")
+    if port == 0:
+        raise UsageError(f"--proxy {shown}: port 0 is not a port to connect to")
+
+
+def _check_ca_file(ca_file: str) -> None:
+    import ssl
+
+    path = Path(ca_file)
+    if path.is_dir():
+        raise UsageError(f"--ca-file {ca_file}: is a directory, not a PEM bundle")
+    if not path.exists():
+        raise UsageError(f"--ca-file {ca_file}: no such file")
+    try:
+        ssl.create_default_context(cafile=ca_file)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or "no certificate in it"
+        raise UsageError(f"--ca-file {ca_file}: not a PEM CA bundle ({reason})") from None
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -127,10 +170,10 @@ def _read_event() -> dict:
 def _dispatch(args: argparse.Namespace) -> int:
     from egress.hooks.dispatcher import DispatchSettings, dispatch, load_hooks
 
-    if args.ca_file is not None and not Path(args.ca_file).is_file():
-        raise UsageError(f"--ca-file {args.ca_file}: no such file")
-    if args.workspace is not None and not Path(args.workspace).is_dir():
-        raise UsageError(f"--workspace {args.workspace}: no such directory")
+    if args.proxy is not None:
+        _check_proxy_url(args.proxy)
+    if args.ca_file is not None:
+        _check_ca_file(args.ca_file)
     path = _config_path(args)
     event = _read_event()
     config = load_hooks(path) if path is not None else None

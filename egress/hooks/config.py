@@ -102,10 +102,19 @@ def discover_config(workspace: str | Path | None) -> Path | None:
 def load_config(path: str | Path) -> HooksConfig:
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         return HooksConfig(problems=(f"{path}: cannot read: {exc.strerror or exc}",), source=str(path))
+    if len(data) > MAX_CONFIG_BYTES:
+        problem = f"{path}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, not a hooks.json"
+        return HooksConfig(problems=(problem,), source=str(path))
     return parse_config(data, source=str(path))
+
+
+# Read on every tool call: a few kilobytes in practice, and never read whole when it is
+# some other (large) file.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 
 def parse_config(data: str | bytes, source: str | None = None) -> HooksConfig:
@@ -123,6 +132,8 @@ def parse_config(data: str | bytes, source: str | None = None) -> HooksConfig:
             problems=(f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",),
             source=source,
         )
+    except RecursionError:  # json recurses per nesting level
+        return HooksConfig(problems=(f"{where}: invalid JSON: nested too deeply",), source=source)
     parser = _Parser()
     groups = parser.parse_document(document)
     return HooksConfig(groups=tuple(groups), problems=tuple(parser.problems), source=source)

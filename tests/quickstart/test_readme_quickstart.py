@@ -44,7 +44,7 @@ def quickstart_blocks() -> list[list[str]]:
     assert "\n## Quick start\n" in text, "README.md has no '## Quick start' section"
     section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
-    assert len(blocks) == 2, f"expected the install block and the client block, found {len(blocks)}"
+    assert len(blocks) == 3, f"expected the install, client and --version blocks, found {len(blocks)}"
     return [block.splitlines() for block in blocks]
 
 
@@ -121,7 +121,7 @@ def ready(namespace: str) -> bool:
 @pytest.fixture(scope="module")
 def running_example(namespace, shell_env, workdir):
     """Block 1 as written: `scripts/run-example.sh` in the background (and not `scripts/test.sh`)."""
-    install_block, _ = quickstart_blocks()
+    install_block, *_ = quickstart_blocks()
     lines = commands(install_block)
     assert "scripts/test.sh" in lines  # not run here: it is what runs this test
     [run_example] = [line for line in lines if "run-example" in line]
@@ -161,7 +161,7 @@ def run_block(example, lines: list[str]) -> list[tuple[str, int, str]]:
     done = subprocess.run(
         ["ip", "netns", "exec", example["namespace"], "bash", "-c", "\n".join(script)],
         # curl writes errors to stderr: one pipe keeps them in order with its output
-        env=example["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+        env=example["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=REPO,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
     out = done.stdout
@@ -193,7 +193,7 @@ def test_quickstart_as_written(running_example):
     assert ca == Path(home) / ".egress-proxy" / "mitmproxy-ca-cert.pem"
     assert ca.read_text().startswith("-----BEGIN CERTIFICATE-----")
 
-    _, client_block = quickstart_blocks()
+    _, client_block, _ = quickstart_blocks()
     results = run_block(example, client_block)
     checked = set()
     for line, status, output in results:
@@ -245,3 +245,16 @@ def test_upper_case_http_proxy_is_not_used_by_curl(running_example):
     )  # fmt: skip
     assert done.returncode != 0 and "403" not in done.stdout, (done.stdout, done.stderr)
     assert len([e for e in audit(example) if e.get("host") == "169.254.169.254"]) == seen
+
+
+def test_version_commands_as_written(running_example):
+    """The third block: the installed commands print the version they claim, which is
+    the package's (README must follow a version bump)."""
+    *_, version_block = quickstart_blocks()
+    results = run_block(running_example, version_block)
+    assert len(results) == 2
+    wheel_version = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    for line, status, output in results:
+        tool = line.split()[0].rsplit("/", 1)[1]
+        assert line.startswith(".venv/bin/"), line  # where scripts/run-example.sh installed them
+        assert status == 0 and output.strip() == claim(line) == f"{tool} {wheel_version}", (line, output)

@@ -510,7 +510,7 @@ def test_malformed_document_reports_line(text, source, words):
     ("text", "words"),
     [
         ("[1, 2]", "top level must be a mapping"),
-        ("", "top level must be a mapping"),
+        ("", "empty (expected the environment object"),
         ("just a string", "top level must be a mapping"),
         ("type: remote\n", "no `network`"),
         ("network: [a]\n", "network: must be a mapping"),
@@ -535,7 +535,7 @@ def test_load_spec_missing_file(tmp_path):
 
 
 def test_load_spec_directory(tmp_path):
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(SpecError, match="is a directory, not a spec file"):
         load_spec(tmp_path)
 
 
