@@ -655,6 +655,10 @@ class Switcher:
         size, mask = buf[1] & 0x7F, buf[2:6]
         payload = bytes(b ^ mask[i % 4] for i, b in enumerate(buf[6 : 6 + size]))
         conn.sendall(bytes([0x81, len(payload) + 5]) + b"echo:" + payload)
+        # Stay open until the client goes: closing first makes the proxy send the client a
+        # close frame, which can arrive in the same read as the echo.
+        while conn.recv(65536):
+            pass
 
     def close(self) -> None:
         self.sock.shutdown(socket.SHUT_RDWR)
@@ -733,7 +737,7 @@ def test_websocket_the_proxy_follows_still_works(lab, proxy, switcher):
             frame += sock.recv(65536)
     finally:
         sock.close()
-    assert frame == bytes([0x81, 10]) + b"echo:hello"
+    assert frame[:12] == bytes([0x81, 10]) + b"echo:hello", frame
 
 
 def test_client_hello_over_16_kib_to_an_intercepted_entry(lab, proxy):
