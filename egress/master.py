@@ -22,6 +22,7 @@ from egress.addons.lifecycle import Readiness
 from egress.addons.limits import ConnectionLimits
 from egress.addons.observe import Timings
 from egress.addons.reloader import SpecReloader
+from egress.addons.stream_resets import StreamResetLimit
 from egress.addons.upgrades import ProtocolSwitches
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
@@ -73,6 +74,8 @@ def build_master(
         # No 101 the proxy could not follow: the connection would turn into unchecked raw TCP.
         fail_closed(ProtocolSwitches()),
         fail_closed(ConnectionLimits()),
+        # HTTP/2 rapid reset (CVE-2023-44487): a connection that keeps cancelling streams is closed.
+        fail_closed(StreamResetLimit()),
         Timings(),
         SpecReloader(holder),
         readiness,
