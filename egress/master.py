@@ -23,6 +23,7 @@ from egress.addons.limits import ConnectionLimits
 from egress.addons.observe import Timings
 from egress.addons.reloader import SpecReloader
 from egress.addons.stream_resets import StreamResetLimit
+from egress.h1_trailers import install_trailer_refusal
 from egress.addons.upgrades import ProtocolSwitches
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
@@ -50,6 +51,7 @@ def build_master(
     opts = options.Options()
     m = master.Master(opts, with_termlog=True)
     HookDispatcher.install(m)  # hooks found once per event name, not per event
+    install_trailer_refusal()  # HTTP/1 trailers: closed, not a crash and a hang (egress.h1_trailers)
     # Which spec a client connection is held to: the one spec (--spec), or its environment's (--spec-dir).
     if isinstance(holder, EnvironmentRegistry):
         gate = EnvironmentGate(holder, None, log)

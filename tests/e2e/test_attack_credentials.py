@@ -308,3 +308,21 @@ def test_credential_applies_to_every_port_of_the_entrys_name_over_verified_tls(l
     name, verified against the name, gets the credential. Plain HTTP on any port does not."""
     exchange(lab, proxy, f"GET /port HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n".encode(), wait=2)
     assert len(credential_lines(upstream.received)) == 1
+
+
+def test_chunked_body_with_trailers_is_closed_promptly_without_a_traceback(lab, proxy, upstream):  # was a defect
+    """mitmproxy raised NotImplementedError for HTTP/1 trailers: the connection hung with no answer
+    and each such request wrote a traceback to the log (log flooding by the sandbox)."""
+    started = time.monotonic()
+    answer = exchange(
+        lab, proxy,
+        f"POST /trailers HTTP/1.1\r\nHost: {API}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n".encode(),
+        wait=8,
+    )  # fmt: skip
+    assert time.monotonic() - started < 5  # closed by the proxy, not by our wait
+    assert SECRET.encode() not in answer
+    time.sleep(0.3)
+    assert b"/trailers" not in upstream.received  # the body never completed: nothing sent on
+    assert "Traceback" not in proxy.stdout() + proxy.stderr()
+    positive = exchange(lab, proxy, f"GET /after HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n".encode())
+    assert status_and_reason(positive)[0] == 200
