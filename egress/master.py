@@ -23,12 +23,12 @@ from egress.addons.limits import ConnectionLimits
 from egress.addons.observe import Timings
 from egress.addons.reloader import SpecReloader
 from egress.addons.stream_resets import StreamResetLimit
-from egress.h1_trailers import install_trailer_refusal
 from egress.addons.upgrades import ProtocolSwitches
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
 from egress.environments import EnvironmentRegistry
+from egress.h1_trailers import install_trailer_refusal
 from egress.parent_proxy import ParentProxy
 from egress.reload import SpecHolder
 from egress.resolver import LocalAddresses
