@@ -326,3 +326,24 @@ def test_chunked_body_with_trailers_is_closed_promptly_without_a_traceback(lab, 
     assert "Traceback" not in proxy.stdout() + proxy.stderr()
     positive = exchange(lab, proxy, f"GET /after HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n".encode())
     assert status_and_reason(positive)[0] == 200
+
+
+def test_alt_svc_pointing_elsewhere_does_not_carry_the_credential(lab, proxy):
+    """A response's `Alt-Svc: h2="other.test:443"` and curl's alt-svc cache: a later request to the
+    credential's host may go to the alternative (CONNECT other.test with the SNI of api.example.test:
+    host_mismatch) or stay; either way other.test never sees the credential."""
+
+    def alt_svc(head: bytes) -> bytes:
+        return b'HTTP/1.1 200 OK\r\nAlt-Svc: h2="other.test:443"; ma=3600\r\nContent-Length: 2\r\n\r\nok'
+
+    cache = proxy.dir / "alt-svc.txt"
+    with RawUpstream(lab, HOSTS["api.example.test"], PORT, respond=alt_svc) as upstream:
+        for _ in range(2):
+            lab.exec(
+                "curl", "-sS", "--max-time", "10", "--alt-svc", str(cache), "-x", proxy.url,
+                "--cacert", client_ca_bundle(lab, proxy), f"https://{API}/alt", env={"PATH": "/usr/bin:/bin"},
+            )  # fmt: skip
+    assert credential_lines(upstream.received)  # the first request did reach the credential's host
+    for hit in lab.upstream_requests():
+        if hit["local"] == HOSTS["other.test"]:
+            assert SECRET not in json.dumps(hit)
