@@ -22,11 +22,13 @@ from egress.addons.lifecycle import Readiness
 from egress.addons.limits import ConnectionLimits
 from egress.addons.observe import Timings
 from egress.addons.reloader import SpecReloader
+from egress.addons.stream_resets import StreamResetLimit
 from egress.addons.upgrades import ProtocolSwitches
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
 from egress.environments import EnvironmentRegistry
+from egress.h1_trailers import install_trailer_refusal
 from egress.parent_proxy import ParentProxy
 from egress.reload import SpecHolder
 from egress.resolver import LocalAddresses
@@ -49,6 +51,7 @@ def build_master(
     opts = options.Options()
     m = master.Master(opts, with_termlog=True)
     HookDispatcher.install(m)  # hooks found once per event name, not per event
+    install_trailer_refusal()  # HTTP/1 trailers: closed, not a crash and a hang (egress.h1_trailers)
     # Which spec a client connection is held to: the one spec (--spec), or its environment's (--spec-dir).
     if isinstance(holder, EnvironmentRegistry):
         gate = EnvironmentGate(holder, None, log)
@@ -73,6 +76,8 @@ def build_master(
         # No 101 the proxy could not follow: the connection would turn into unchecked raw TCP.
         fail_closed(ProtocolSwitches()),
         fail_closed(ConnectionLimits()),
+        # HTTP/2 rapid reset (CVE-2023-44487): a connection that keeps cancelling streams is closed.
+        fail_closed(StreamResetLimit()),
         Timings(),
         SpecReloader(holder),
         readiness,

@@ -21,6 +21,9 @@ FORBIDDEN_ADDRESS = "forbidden_address"
 RESOLVE_FAILED = "resolve_failed"
 HOST_MISMATCH = "host_mismatch"
 PLAINTEXT_CREDENTIALS = "plaintext_credentials"
+# TRACE (and IIS's TRACK) ask the server to echo the request it received: with a
+# transform, the echo carries the injected credential back to the sandbox.
+TRACE_CREDENTIALS = "trace_credentials"
 PROXY_SELF = "proxy_self"
 NO_SNI = "no_sni"
 INTERNAL_ERROR = "internal_error"
@@ -33,6 +36,7 @@ REASONS = (
     RESOLVE_FAILED,
     HOST_MISMATCH,
     PLAINTEXT_CREDENTIALS,
+    TRACE_CREDENTIALS,
     PROXY_SELF,
     NO_SNI,
     INTERNAL_ERROR,
@@ -154,3 +158,14 @@ def unnamed(reason: str = NOT_ALLOWLISTED) -> Decision:
     dialling the address the client chose, which nothing has checked.
     """
     return Decision(host="", reason=reason)
+
+
+# Methods whose answer is the request itself (RFC 9110 §9.3.8; TRACK is IIS's alias).
+# Method names are case-sensitive, but servers that upper-case them exist: compared
+# case-insensitively, so `trace` is refused too.
+ECHO_METHODS = frozenset({"TRACE", "TRACK"})
+
+
+def echoes_request(method: str) -> bool:
+    """Would a server answer this method with the request it received (credentials included)?"""
+    return method.upper() in ECHO_METHODS

@@ -51,6 +51,7 @@ from egress.domains import HostError, normalize_host
 from egress.fields import field_value_problem
 from egress.parent_proxy import ParentProxy
 from egress.relay import Side
+from egress.request_target import request_target_problem
 
 logger = logging.getLogger(__name__)
 DECISION_KEY = "egress.decision"
@@ -176,6 +177,10 @@ class DestinationGuard:
             # Not a destination decision: refused like any malformed request, before one is made.
             flow.response = refusals.bad_request(problem)
             return
+        if (problem := request_target_problem(flow.request.data.method, flow.request.data.path)) is not None:
+            # HTTP/2 `:method`/`:path` go into the upstream's HTTP/1 request line as they are.
+            flow.response = refusals.bad_request(problem)
+            return
         decision = await self._check_request(flow)
         flow.metadata[DECISION_KEY] = decision
         if not decision.allowed:
@@ -224,6 +229,10 @@ class DestinationGuard:
             state.pin(decision.host, request.port, address)
         if decision.transform and request.scheme != "https":
             return policy.with_reason(spec, decision, policy.PLAINTEXT_CREDENTIALS)
+        if decision.transform and policy.echoes_request(request.method):
+            # The server's answer to TRACE is the request as it arrived, injected header
+            # and all: the sandbox would read the secret (a red-team find).
+            return policy.with_reason(spec, decision, policy.TRACE_CREDENTIALS)
         return decision
 
     @staticmethod
