@@ -82,23 +82,32 @@ class DnsFilter:
             flow.metadata[DROP_KEY] = True
             self._record(flow, query, verdict)
             return True
-        addresses: list[IPAddress] = []
-        ttl = dp.ANSWER_TTL
+        local = self._local_answer(spec, query, verdict)
+        if local is None:
+            flow.metadata[_PENDING_KEY] = (spec, query, verdict)
+            return False
+        addresses, ttl, verdict = local
+        self._finish(flow, query, verdict, addresses, ttl)
+        return True
+
+    def _local_answer(
+        self, spec: Spec, query: dp.Query, verdict: dp.Verdict
+    ) -> tuple[list[IPAddress], int, dp.Verdict] | None:
+        """(addresses, TTL, verdict to count) for a query answered without I/O; None: it needs
+        the resolver (a cache miss) or, report mode, a forward. Shared by both paths."""
         match verdict.action:
             case dp.Action.LOOPBACK:
-                addresses = [dp.loopback_address(query.qtype)]
+                return [dp.loopback_address(query.qtype)], dp.ANSWER_TTL, verdict
             case dp.Action.RESOLVE:
                 hit = self.cache.get(spec, verdict.decision.host, dp.address_family(query.qtype))
                 if hit is None:
-                    flow.metadata[_PENDING_KEY] = (spec, query, verdict)
-                    return False
+                    return None
                 found, ttl = hit
                 addresses, verdict = dp.filter_addresses(spec, verdict, found, self._is_self)
-            case dp.Action.FORWARD:
-                flow.metadata[_PENDING_KEY] = (spec, query, verdict)
-                return False
-        self._finish(flow, query, verdict, addresses, ttl)
-        return True
+                return addresses, ttl, verdict
+            case dp.Action.FORWARD | dp.Action.DROP:
+                return None
+        return [], dp.ANSWER_TTL, verdict
 
     def answer_datagram(self, packet: bytes, client: str) -> bytes | None:
         """The answer to a UDP query of the common shape decided without I/O, else None.
@@ -115,19 +124,10 @@ class DnsFilter:
         query, advertised = read
         spec = self._current_spec()
         verdict = dp.decide(spec, query)
-        addresses: list[IPAddress] = []
-        ttl = dp.ANSWER_TTL
-        match verdict.action:
-            case dp.Action.LOOPBACK:
-                addresses = [dp.loopback_address(query.qtype)]
-            case dp.Action.RESOLVE:
-                hit = self.cache.get(spec, verdict.decision.host, dp.address_family(query.qtype))
-                if hit is None:
-                    return None
-                found, ttl = hit
-                addresses, verdict = dp.filter_addresses(spec, verdict, found, self._is_self)
-            case dp.Action.FORWARD | dp.Action.DROP:  # report mode; DROP: never for a query
-                return None
+        local = self._local_answer(spec, query, verdict)  # DROP never happens for a query
+        if local is None:
+            return None
+        addresses, ttl, verdict = local
         wire = dns_wire.answer(
             packet,
             rcode=verdict.rcode,
