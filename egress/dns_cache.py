@@ -14,6 +14,10 @@ Bounded in size (oldest entry out first) and in time (`ttl` seconds, 30 by defau
 the TTL the listener already puts on its answers, so a client's own cache holds an
 answer that long anyway). getaddrinfo does not say the record's own TTL, so that is
 the cap. Only answers with addresses are kept; failures are asked again each time.
+
+`generation` changes whenever an entry is added, replaced, expired or dropped (or
+the owner changes): what was built from the entries (the listener's memo of whole
+answers, egress/dns_answer_memo.py) is valid only while it stays the same.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ class AddressCache:
     ):
         self.ttl = ttl
         self.max_entries = max_entries
-        self._clock = clock
+        self.clock = clock
+        self.generation = 0
         self._owner: object | None = None  # the spec the entries were resolved under
         self._entries: dict[tuple[str, int], Entry] = {}
 
@@ -52,19 +57,27 @@ class AddressCache:
         if owner is not self._owner:  # a reload: nothing from the old spec is served
             self._entries = {}
             self._owner = owner
+            self.generation += 1
         return self._entries
 
     def get(self, owner: object, host: str, family: int) -> tuple[tuple[IPAddress, ...], int] | None:
         """(addresses, seconds left, at least 1) for a live entry, else None."""
+        entry = self.entry(owner, host, family)
+        if entry is None:
+            return None
+        return entry.addresses, max(1, math.ceil(entry.expires - self.clock()))
+
+    def entry(self, owner: object, host: str, family: int) -> Entry | None:
+        """The live entry itself (its `expires` on this cache's clock), else None."""
         entries = self._for(owner)
         entry = entries.get((host, family))
         if entry is None:
             return None
-        left = entry.expires - self._clock()
-        if left <= 0:
+        if entry.expires - self.clock() <= 0:
             del entries[(host, family)]
+            self.generation += 1
             return None
-        return entry.addresses, max(1, math.ceil(left))
+        return entry
 
     def put(self, owner: object, host: str, family: int, addresses: list[IPAddress]) -> None:
         if not addresses or self.ttl <= 0 or self.max_entries <= 0:
@@ -75,7 +88,8 @@ class AddressCache:
         entries.pop((host, family), None)
         while len(entries) >= self.max_entries:
             del entries[next(iter(entries))]  # oldest first (dicts keep insertion order)
-        entries[(host, family)] = Entry(tuple(addresses), self._clock() + self.ttl)
+        entries[(host, family)] = Entry(tuple(addresses), self.clock() + self.ttl)
+        self.generation += 1
 
     def __len__(self) -> int:
         return len(self._entries)

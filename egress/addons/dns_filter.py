@@ -26,6 +26,7 @@ from egress import dns_policy as dp
 from egress.addons.dns_layer import DROP_KEY, RAW, UNPARSED, WIRE_KEY
 from egress.addresses import IPAddress
 from egress.audit import DecisionLog
+from egress.dns_answer_memo import AnswerMemo
 from egress.dns_cache import AddressCache
 from egress.dns_forward import forward, system_nameserver
 from egress.resolver import ResolveError, resolve_family
@@ -65,6 +66,7 @@ class DnsFilter:
         self.log = log
         self._nameserver = nameserver
         self.cache = cache if cache is not None else AddressCache()
+        self.memo = AnswerMemo(self.cache.clock)
 
     def answer_now(self, flow: dns.DNSFlow) -> bool:
         """Decide and, where no I/O is needed, answer: True when done (answer or drop in `flow.metadata`).
@@ -116,14 +118,21 @@ class DnsFilter:
         connection handler: the same `decide`, address cache, filtering, answer writer,
         counter and audit line as `answer_now`, read from the packet's bytes by
         egress/dns_fast.py. None (another shape, a cache miss, report mode): the packet
-        goes the full way and `answer_now` / `dns_request` answer it.
+        goes the full way and `answer_now` / `dns_request` answer it. A repeat of a
+        query answered from the address cache gets the bytes written for it a moment
+        ago while every input is unchanged (egress/dns_answer_memo.py).
         """
+        spec = self._current_spec()
+        memo = self.memo.get(packet, spec, self.cache.generation)
+        if memo is not None:  # this very question, answered a moment ago under the same inputs
+            self.log.record_dns(memo.verdict, client=client, name=memo.name, qtype=memo.qtype)
+            return packet[:2] + memo.tail
         read = dns_fast.read_simple_query(packet)
         if read is None:
             return None
         query, advertised = read
-        spec = self._current_spec()
         verdict = dp.decide(spec, query)
+        from_cache = verdict.action is dp.Action.RESOLVE
         local = self._local_answer(spec, query, verdict)  # DROP never happens for a query
         if local is None:
             return None
@@ -138,8 +147,24 @@ class DnsFilter:
             limit=dp.udp_payload_limit(query.opt_records, advertised),
         )
         name = query.questions[0][0]
-        self.log.record_dns(verdict, client=client, name=name, qtype=dp.qtype_label(query.qtype))
+        qtype = dp.qtype_label(query.qtype)
+        self.log.record_dns(verdict, client=client, name=name, qtype=qtype)
+        if from_cache:  # an allowlisted name's cached addresses, filtered: keep it for repeats
+            self._memorise(packet, wire, spec, verdict, name, qtype, ttl, query.qtype)
         return wire
+
+    def _memorise(
+        self, packet: bytes, wire: bytes, spec: Spec, verdict: dp.Verdict, name: str, qtype: str, ttl: int, qtype_code: int
+    ) -> None:
+        """Keep the answer for repeats of this very query (egress/dns_answer_memo.py)."""
+        generation = self.cache.generation  # what the answer was built from (after its lookup)
+        entry = self.cache.entry(spec, verdict.decision.host, dp.address_family(qtype_code))
+        if entry is None or self.cache.generation != generation:
+            return
+        self.memo.put(
+            packet, wire, spec=spec, generation=generation, verdict=verdict, name=name, qtype=qtype,
+            expires=entry.expires, ttl=ttl,
+        )  # fmt: skip
 
     async def dns_request(self, flow: dns.DNSFlow) -> None:
         pending = flow.metadata.pop(_PENDING_KEY, None)
