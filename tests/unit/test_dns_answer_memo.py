@@ -11,7 +11,9 @@ from __future__ import annotations
 import io
 import ipaddress
 import json
-import struct
+
+from dns_testing import Clock, answer_records, make_spec
+from dns_testing import query_bytes as query
 
 from egress import dns_policy as dp
 from egress.addons.dns_filter import DnsFilter
@@ -19,30 +21,9 @@ from egress.audit import DecisionLog
 from egress.dns_answer_memo import MAX_AGE, AnswerMemo
 from egress.dns_cache import AddressCache
 from egress.metrics import DNS_QUERIES
-from egress.spec import parse_spec
 
 ip = ipaddress.ip_address
 CLIENT = "198.18.1.1:5353"
-
-
-def make_spec(*domains: str):
-    network = {"allowCidrs": ["198.18.0.0/15"], "allowlist": [{"domain": d} for d in domains]}
-    return parse_spec(json.dumps({"network": network}), source="s.json")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def query(name: str, qtype: int = dp.A, ident: int = 0x1234, edns: int | None = None) -> bytes:
-    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
-    opt = b"" if edns is None else b"\x00" + struct.pack("!HHIH", dp.OPT, edns, 0, 0)
-    header = struct.pack("!HHHHHH", ident, 0x0100, 1, 0, 0, 1 if opt else 0)
-    return header + labels + b"\x00" + struct.pack("!HH", qtype, 1) + opt
 
 
 class Lab:
@@ -67,20 +48,6 @@ class Lab:
         return self.filter.answer_datagram(packet, CLIENT)
 
 
-def ttls_and_addresses(wire: bytes) -> list[tuple[int, str]]:
-    ancount = struct.unpack_from("!H", wire, 6)[0]
-    offset = 12
-    while wire[offset]:
-        offset += 1 + wire[offset]
-    offset += 5
-    found = []
-    for _ in range(ancount):
-        _, _, _, ttl, size = struct.unpack_from("!HHHIH", wire, offset)
-        found.append((ttl, str(ip(wire[offset + 12 : offset + 12 + size]))))
-        offset += 12 + size
-    return found
-
-
 def served(lab: Lab) -> int:
     return len(lab.filter.memo)
 
@@ -95,7 +62,7 @@ def test_a_repeated_query_is_served_from_the_memo_under_its_own_id():
         again = lab.answer(packet)
         assert again is not None and again[:2] == packet[:2]
         assert again == lab.fresh_answer(packet)
-    assert first is not None and ttls_and_addresses(first) == [(30, "198.18.0.7")]
+    assert first is not None and answer_records(first) == [(30, "198.18.0.7")]
 
 
 def test_every_query_served_from_the_memo_is_counted():
@@ -113,7 +80,7 @@ def test_forbidden_cached_addresses_are_logged_for_every_query_served():
     lab.filter.cache.put(lab.spec, "rebind.test", 4, [ip("127.0.0.1")])
     for ident in range(3):
         wire = lab.answer(query("rebind.test", ident=ident))
-        assert wire is not None and ttls_and_addresses(wire) == []
+        assert wire is not None and answer_records(wire) == []
     lines = [json.loads(line) for line in lab.out.getvalue().splitlines()]
     assert [(line["decision"], line["reason"], line["name"]) for line in lines] == [
         ("blocked", "loopback", "rebind.test")
@@ -140,9 +107,9 @@ def test_a_reload_that_keeps_the_name_asks_the_resolver_again():
 def test_new_addresses_in_the_cache_are_served_at_once():
     lab = Lab("moved.test")
     lab.filter.cache.put(lab.spec, "moved.test", 4, [ip("198.18.0.7")])
-    assert ttls_and_addresses(lab.answer(query("moved.test")) or b"") == [(30, "198.18.0.7")]
+    assert answer_records(lab.answer(query("moved.test")) or b"") == [(30, "198.18.0.7")]
     lab.filter.cache.put(lab.spec, "moved.test", 4, [ip("198.18.0.8")])
-    assert ttls_and_addresses(lab.answer(query("moved.test")) or b"") == [(30, "198.18.0.8")]
+    assert answer_records(lab.answer(query("moved.test")) or b"") == [(30, "198.18.0.8")]
 
 
 def test_the_ttl_counts_down_as_without_the_memo():

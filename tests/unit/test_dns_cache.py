@@ -8,9 +8,9 @@ from __future__ import annotations
 import io
 import ipaddress
 import json
-import struct
 
 import pytest
+from dns_testing import Clock, answer_records, make_spec, query_bytes
 from mitmproxy.test import tflow
 
 from egress import dns_policy as dp
@@ -19,27 +19,8 @@ from egress.addons.dns_filter import DnsFilter
 from egress.addons.dns_layer import DROP_KEY, WIRE_KEY, parse
 from egress.audit import DecisionLog
 from egress.dns_cache import AddressCache
-from egress.spec import parse_spec
 
 ip = ipaddress.ip_address
-
-
-def make_spec(*domains: str, allow_cidrs=("198.18.0.0/15",)):
-    network = {"allowCidrs": list(allow_cidrs), "allowlist": [{"domain": d} for d in domains]}
-    return parse_spec(json.dumps({"network": network}), source="s.json")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def query_bytes(name: str, qtype: int = dp.A, ident: int = 0x1234) -> bytes:
-    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
-    return struct.pack("!HHHHHH", ident, 0x0100, 1, 0, 0, 0) + labels + b"\x00" + struct.pack("!HH", qtype, 1)
 
 
 def flow_for(name: str, qtype: int = dp.A):
@@ -47,33 +28,11 @@ def flow_for(name: str, qtype: int = dp.A):
 
 
 def rcode_and_addresses(wire: bytes) -> tuple[int, list[str]]:
-    """Rcode and A/AAAA addresses of one of our answers (records point at the question)."""
-    rcode = wire[3] & 0xF
-    ancount = struct.unpack_from("!H", wire, 6)[0]
-    offset = 12
-    while wire[offset]:
-        offset += 1 + wire[offset]
-    offset += 5
-    found = []
-    for _ in range(ancount):
-        _, _, _, _, size = struct.unpack_from("!HHHIH", wire, offset)
-        found.append(str(ip(wire[offset + 12 : offset + 12 + size])))
-        offset += 12 + size
-    return rcode, found
+    return wire[3] & 0xF, [address for _, address in answer_records(wire)]
 
 
 def answer_ttls(wire: bytes) -> list[int]:
-    ancount = struct.unpack_from("!H", wire, 6)[0]
-    offset = 12
-    while wire[offset]:
-        offset += 1 + wire[offset]
-    offset += 5
-    ttls = []
-    for _ in range(ancount):
-        _, _, _, ttl, size = struct.unpack_from("!HHHIH", wire, offset)
-        ttls.append(ttl)
-        offset += 12 + size
-    return ttls
+    return [ttl for ttl, _ in answer_records(wire)]
 
 
 class Holder:
