@@ -15,7 +15,7 @@ Sections:
 2. allowlist scale: decision cost and spec load time with 10, 1,000 and 100,000
    entries, and requests/s of a proxy on the 10- and the 100,000-entry spec.
 3. workers: `egress-proxy run --workers 1` against `--workers 2`.
-4. profiles (py-spy) of egress-proxy and bare mitmdump intercepting at 16 connections.
+4. profiles (py-spy) of egress-proxy and bare mitmdump intercepting (16 connections; --profile-conns).
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def section_profiles(lab, proxies, args) -> dict[str, dict]:
         with benchlab.py_spy(proxy.pid, seconds, raw) as spy:
             time.sleep(0.5)
             try:
-                run_hey(lab, SCENARIOS["inject"][2].format(body="small"), 16, seconds, proxy)
+                run_hey(lab, SCENARIOS["inject"][2].format(body="small"), args.profile_conns, seconds, proxy)
             except BenchError as exc:
                 print(f"  profile load failed: {exc}", flush=True)
         if spy.returncode != 0 or not raw.exists():
@@ -697,7 +697,7 @@ def render(args, info, throughput, allowlist_rows, allowlist_runs, worker_runs, 
     if profiles:
         L += ["## Profiles (py-spy)", "",
               f"`py-spy record --nonblocking --rate 200 --format raw` for {args.profile_seconds:g} s while `hey` runs "
-              "HTTPS with interception at 16 connections (100-byte bodies). Shares are of busy samples (idle epoll "
+              f"HTTPS with interception at {args.profile_conns} connections (100-byte bodies). Shares are of busy samples (idle epoll "
               "waits excluded); each sample is attributed to the innermost frame that falls in a bucket.", ""]  # fmt: skip
         for target, p in profiles.items():
             L += [f"### {TARGET_TITLES[target]} ({p['busy_samples']} busy of {p['samples']} samples)", ""]
@@ -729,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, nargs="*", default=[1, 2])
     p.add_argument("--worker-scenarios", nargs="*", default=["http", "pass", "inject"])
     p.add_argument("--profile-seconds", type=float, default=8.0)
+    p.add_argument("--profile-conns", type=int, default=16, help="connections of the profiled load (default 16)")
     p.add_argument("--sections", nargs="*", default=["throughput", "allowlist", "workers", "profiles"])
     p.add_argument("--keep", action="store_true", help="keep the work directory (proxy logs, specs) for inspection")
     p.add_argument("--render-from", metavar="RAW.json", help="only re-render the report from an earlier run's JSON")
