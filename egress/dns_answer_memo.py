@@ -20,7 +20,8 @@ unchanged:
   filtering also reads, are refreshed on their own schedule).
 
 Only answers built from the address cache are kept (an allowlisted name's A/AAAA);
-blocked names, which a flood makes unique, never enter it. Bounded in entries.
+blocked names, which a flood makes unique, never enter it. Bounded in entries and in
+the size of each (MAX_QUERY_BYTES).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from typing import Any
 
 MAX_AGE = 1.0  # seconds
 MAX_ENTRIES = 4096
+# Queries are keyed by their bytes: a common query is under 100 bytes (one name, an
+# OPT record with a cookie). A longer one (an OPT record padded towards 64 KiB) is
+# answered but not kept, so the memo stays within MAX_ENTRIES x ~1 KiB whatever a
+# sandbox sends.
+MAX_QUERY_BYTES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +80,7 @@ class AnswerMemo:
         ttl: int,
     ) -> None:
         """Keep `answer` (to `packet`) while its TTL stays `ttl`: the cache entry expires at `expires`."""
-        if self.max_entries <= 0 or len(answer) < 2:
+        if self.max_entries <= 0 or len(answer) < 2 or len(packet) > MAX_QUERY_BYTES:
             return
         now = self._clock()
         # The TTL written is ceil(expires - now); it stays `ttl` until expires - now

@@ -24,8 +24,10 @@ a locally answered query's cost. It returns None for everything else, which take
 the full way as before. If it raises, the datagram takes the full way too, where
 the same decision fails closed (SERVFAIL, counted).
 
-Bounds: at most `MAX_QUEUED` datagrams wait per client address (more are dropped,
-as a full socket buffer would); at most `READ_BATCH` are read per wake-up; answers
+Bounds: at most `MAX_QUEUED` datagrams wait per client address, and at most
+`MAX_QUEUED_BYTES` in all the listener's queues together (a datagram may be 64 KiB
+and a sandbox can use many source ports); more are dropped, as a full socket buffer
+would drop them. At most `READ_BATCH` are read per wake-up; answers
 are sent with one `sendto` and never wait (a full send buffer drops one, as the
 network may; the client retries).
 """
@@ -42,6 +44,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 MAX_QUEUED = 256
+MAX_QUEUED_BYTES = 8 << 20  # all client addresses together
 RECEIVE_BUFFER = 1 << 20  # bytes asked for (the kernel caps it at net.core.rmem_max)
 RECEIVE_SIZE = 65535  # a whole datagram, whatever its size (the layer answers FORMERR or TC)
 READ_BATCH = 64  # datagrams read per wake-up before other work gets its turn
@@ -62,7 +65,7 @@ class DatagramStream:
         self._closed = False
 
     def feed(self, data: bytes) -> None:
-        if len(self._queue) >= MAX_QUEUED:
+        if len(self._queue) >= MAX_QUEUED or not self._server.reserve(len(data)):
             return
         self._queue.append(data)
         waiter = self._waiter
@@ -79,7 +82,9 @@ class DatagramStream:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._queue.popleft()
+        data = self._queue.popleft()
+        self._server.release(len(data))
+        return data
 
     def write(self, data: bytes) -> None:
         if not self._closed:
@@ -96,6 +101,8 @@ class DatagramStream:
             return
         self._closed = True
         self._server.forget(self._peer, self)
+        self._server.release(sum(map(len, self._queue)))
+        self._queue.clear()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -127,6 +134,7 @@ class UdpListener:
         self._socket: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.sockname: Address = ("", 0)
+        self.queued_bytes = 0  # datagrams waiting in all streams' queues
 
     async def start(self, host: str, port: int) -> None:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
@@ -211,6 +219,16 @@ class UdpListener:
             # A full send buffer or an unreachable client: the answer is lost like any
             # datagram, and the client asks again (its retry, or TCP after TC).
             logger.debug("DNS listener: answer to %s dropped (%s)", peer[0], exc)
+
+    def reserve(self, size: int) -> bool:
+        """Room for a datagram of `size` bytes in the listener's queues (False: drop it)."""
+        if self.queued_bytes + size > MAX_QUEUED_BYTES:
+            return False
+        self.queued_bytes += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.queued_bytes -= size
 
     def forget(self, peer: Address, stream: DatagramStream) -> None:
         if self._streams.get(peer) is stream:

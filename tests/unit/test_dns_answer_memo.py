@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import ipaddress
 import json
+import struct
 
 from dns_testing import Clock, answer_records, make_spec
 from dns_testing import query_bytes as query
@@ -166,3 +167,17 @@ def test_the_memo_is_bounded():
     for i in range(20):
         lab.answer(query(f"n{i}.wild.test"))
         assert served(lab) <= 8
+
+
+def test_a_padded_query_is_answered_but_not_kept():
+    lab = Lab("padded.test")
+    lab.filter.cache.put(lab.spec, "padded.test", 4, [ip("198.18.0.7")])
+    padding = struct.pack("!HH", 12, 60000) + b"\x00" * 60000  # EDNS padding option (RFC 7830)
+    labels = b"\x06padded\x04test\x00"
+    packet = struct.pack("!HHHHHH", 7, 0x0100, 1, 0, 0, 1) + labels + struct.pack("!HH", dp.A, 1)
+    packet += b"\x00" + struct.pack("!HHIH", dp.OPT, 1232, 0, len(padding)) + padding
+    for _ in range(2):
+        wire = lab.answer(packet)
+        assert wire is not None and answer_records(wire) == [(30, "198.18.0.7")]
+    assert served(lab) == 0
+    assert lab.answer(query("padded.test")) is not None and served(lab) == 1

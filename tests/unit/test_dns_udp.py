@@ -93,6 +93,70 @@ def test_queue_is_bounded_and_close_ends_the_reader():
     run(main())
 
 
+def test_all_queues_together_are_bounded_in_bytes(monkeypatch):
+    """Large datagrams from many source ports cannot queue more than MAX_QUEUED_BYTES in all."""
+    monkeypatch.setattr(dns_udp, "MAX_QUEUED_BYTES", 100_000)
+
+    async def main():
+        release = asyncio.Event()
+        got: list[int] = []
+
+        async def handler(reader, writer):
+            await release.wait()  # a slow handler: datagrams pile up in every stream
+            while data := await reader.read(65535):
+                got.append(len(data))
+                if len(data) < 1000:
+                    writer.close()
+
+        listener = await dns_udp.start_udp_listener("127.0.0.1", 0, handler)
+        socks = [client() for _ in range(8)]
+        try:
+            for sock in socks:
+                for _ in range(5):
+                    sock.sendto(b"x" * 9_000, listener.getsockname())
+            await asyncio.sleep(0.3)
+            assert 90_000 <= listener.queued_bytes <= 100_000  # 11 of the 40 datagrams kept
+            release.set()
+            for sock in socks:
+                sock.sendto(b"end", listener.getsockname())
+            await asyncio.sleep(0.3)
+            assert sum(got) == 11 * 9_000 + 8 * 3 and listener.queued_bytes == 0
+            for sock in socks:  # room again once read
+                sock.sendto(b"y" * 9_000, listener.getsockname())
+            await asyncio.sleep(0.2)
+            assert listener.queued_bytes == 0 and got.count(9_000) == 11 + 8
+            listener.close()
+            assert listener.queued_bytes == 0
+        finally:
+            for sock in socks:
+                sock.close()
+
+    run(main())
+
+
+def test_closing_a_stream_gives_its_queued_bytes_back():
+    async def main():
+        hold = asyncio.Event()
+
+        async def handler(reader, writer):
+            await hold.wait()
+
+        listener = await dns_udp.start_udp_listener("127.0.0.1", 0, handler)
+        sock = client()
+        try:
+            for _ in range(3):
+                sock.sendto(b"z" * 1_000, listener.getsockname())
+            await asyncio.sleep(0.2)
+            assert listener.queued_bytes == 3_000
+            listener.close()  # shutting down with datagrams still queued
+            assert listener.queued_bytes == 0
+            hold.set()
+        finally:
+            sock.close()
+
+    run(main())
+
+
 def test_ipv6_listener_is_v6_only_beside_an_ipv4_one_on_the_same_port():
     async def main():
         async def handler(reader, writer):
