@@ -23,6 +23,7 @@ from egress.addons.limits import ConnectionLimits
 from egress.addons.observe import Timings
 from egress.addons.reloader import SpecReloader
 from egress.addons.stream_resets import StreamResetLimit
+from egress.addons.streaming import StreamUnsizedResponses
 from egress.addons.upgrades import ProtocolSwitches
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
@@ -73,6 +74,8 @@ def build_master(
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),
         fail_closed(CredentialInjector(log)),
+        # Server-sent events and other responses of unknown length reach the client as they come.
+        fail_closed(StreamUnsizedResponses()),
         # No 101 the proxy could not follow: the connection would turn into unchecked raw TCP.
         fail_closed(ProtocolSwitches()),
         fail_closed(ConnectionLimits()),
@@ -101,7 +104,8 @@ def build_master(
         # mitmproxy dials only when a request needs it, after every check has run; the
         # guard itself dials a CONNECT's checked address before answering `200`.
         connection_strategy="lazy",
-        # Bodies above 64 KiB stream through instead of being buffered: memory stays
+        # Bodies above 64 KiB (and every body of unknown length, addons/streaming.py)
+        # stream through instead of being buffered: memory stays
         # flat whatever the sandbox downloads (no addon of ours reads a body; headers
         # are still injected). At 1m, sixteen 1 MiB downloads took RSS from 78 to
         # 220 MB and it stayed at 180; at 64k it peaks below 100 (docs/benchmarks.md).

@@ -4,7 +4,8 @@ Listens on every address of its namespace (each test host name maps to one of
 them) with plain HTTP and HTTPS. Every request is answered with a JSON echo of
 what arrived (local address, method, path, headers) and appended to a JSONL log,
 so tests can assert both what a client saw and what an upstream received.
-`/bytes/N` streams N bytes (for streaming and long-download tests); `/static/...`
+`/bytes/N` streams N bytes (for streaming and long-download tests); `/sse/N` sends N
+server-sent events 0.4 s apart, chunked, as a streaming LLM API does; `/static/...`
 serves files from --static (a dumb-HTTP git repository, for git clients).
 
 Usage: upstream_server.py --cert C --key K --log FILE [--static DIR] [--http-port 80] [--https-port 443]
@@ -63,6 +64,8 @@ def make_handler(log_path: str, static: str | None, scheme: str):
             entry = self._record(body)
             if self.path.startswith("/bytes/"):
                 return self._stream_bytes(int(self.path.split("/")[2]))
+            if self.path.startswith("/sse/"):
+                return self._server_sent_events(int(self.path.split("/")[2]))
             if self.path.startswith("/static/") and static:
                 return self._static(self.path[len("/static/") :])
             payload = json.dumps(entry).encode()
@@ -86,6 +89,20 @@ def make_handler(log_path: str, static: str | None, scheme: str):
                 sent += len(part)
                 if delay and sent % (1 << 20) < len(part):
                     time.sleep(delay)
+
+        def _server_sent_events(self, count: int) -> None:
+            """`count` events, each flushed as its own chunk, 0.4 s apart, then the last chunk."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(count):
+                event = f"data: {{\"n\": {i}, \"sent\": {time.time():.3f}}}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+                time.sleep(0.4)
+            self.wfile.write(b"0\r\n\r\n")
 
         def _static(self, rel: str) -> None:
             root = Path(static).resolve()
