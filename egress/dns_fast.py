@@ -26,6 +26,7 @@ _HEADER = struct.Struct("!HHHHHH")
 _QUESTION_TAIL = struct.Struct("!HH")
 _RR_TAIL = struct.Struct("!HHIH")  # TYPE, CLASS, TTL, RDLENGTH
 _QR, _OPCODE = 0x8000, 0x7800
+_DO = 0x8000  # in the OPT record's TTL field
 _ACE_PREFIX = b"xn--"
 
 
@@ -57,7 +58,7 @@ def read_simple_query(packet: bytes) -> tuple[dp.Query, int] | None:
         return None
     qtype, qclass = _QUESTION_TAIL.unpack_from(packet, offset)
     offset += _QUESTION_TAIL.size
-    advertised, edns_version = 0, 0
+    advertised, edns_version, dnssec_ok = 0, 0, False
     if arcount:
         # The root name (one zero byte), then an OPT record's fixed fields and its data.
         if offset + 1 + _RR_TAIL.size > end or packet[offset] != 0:
@@ -67,11 +68,13 @@ def read_simple_query(packet: bytes) -> tuple[dp.Query, int] | None:
         if rtype != dp.OPT:
             return None
         edns_version = (ttl >> 16) & 0xFF
+        dnssec_ok = bool(ttl & _DO)
     if offset != end:
         return None
     query = dp.Query(
         questions=((".".join(labels), qtype, qclass),),
         opt_records=arcount,
         edns_version=edns_version,
+        dnssec_ok=dnssec_ok,
     )
     return query, advertised

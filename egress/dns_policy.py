@@ -87,6 +87,7 @@ class Query:
     parsed: bool = True  # False: only the header could be read
     opt_records: int = 0
     edns_version: int = 0
+    dnssec_ok: bool = False  # the OPT record's DO bit, copied into the answer's
     # False when a label of the name as sent holds a dot (`a\.b`): the parsed name
     # would then read as other labels than the ones on the wire.
     plain_labels: bool = True

@@ -4,8 +4,12 @@ The listener answers every query itself, so it writes its answers directly: the
 client's question section is copied byte for byte (its letter case included, which
 clients that randomise case, RFC draft "0x20", compare), answer records point at it
 with a compression pointer, and an answer that does not fit the client's size is
-cut to its header and question with TC set (RFC 1035 4.2.1, RFC 6891 7). This is
-also several times cheaper than packing a parsed message again.
+cut to its header and question with TC set (RFC 1035 4.2.1, RFC 6891 7). The CD
+bit and the OPT record's DO bit are copied from the query (RFC 4035 3.2.2, RFC 3225
+3): clients that ask with them (`dig +dnssec`, `kdig +cdflag`, validating stubs)
+read an answer without them as one from a server that ignored them. AD is never
+set: nothing here is validated. This is also several times cheaper than packing a
+parsed message again.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ HEADER = struct.Struct("!HHHHHH")
 _RR = struct.Struct("!HHIH")
 _QUESTION_TAIL = 4  # QTYPE, QCLASS
 OPT = 41
-QR, TC, RD, RA = 0x8000, 0x0200, 0x0100, 0x0080
+QR, TC, RD, RA, CD = 0x8000, 0x0200, 0x0100, 0x0080, 0x0010
+DO = 0x8000  # in the OPT record's TTL field (RFC 3225)
 NAME_POINTER_TO_QUESTION = b"\xc0\x0c"
 
 
@@ -70,12 +75,14 @@ def answer(
     ttl: int = 30,
     with_question: bool = True,
     opt_size: int | None = None,
+    dnssec_ok: bool = False,
     limit: int = 512,
 ) -> bytes:
     """The response to `packet` (a query whose header is readable).
 
     `opt_size`: include an OPT record advertising that UDP size (the query had EDNS);
-    the extended RCODE bits of `rcode` travel in it. Records of the wrong family for
+    the extended RCODE bits of `rcode` travel in it, and `dnssec_ok` (the query's DO
+    bit) is copied into it. Records of the wrong family for
     `qtype` are left out. Over `limit` bytes: no records, TC set.
     """
     ident, flags = struct.unpack_from("!HH", packet)
@@ -86,8 +93,9 @@ def answer(
         for ip in addresses
         if len(ip.packed) == (4 if qtype == 1 else 16)
     ]
-    opt = b"\x00" + _RR.pack(OPT, opt_size, (rcode >> 4) << 24, 0) if opt_size is not None else b""
-    out_flags = QR | (flags & 0x7800) | (flags & RD) | RA | (rcode & 0xF)
+    opt_ttl = (rcode >> 4) << 24 | (DO if dnssec_ok else 0)
+    opt = b"\x00" + _RR.pack(OPT, opt_size, opt_ttl, 0) if opt_size is not None else b""
+    out_flags = QR | (flags & 0x7800) | (flags & (RD | CD)) | RA | (rcode & 0xF)
     body = b"".join(records)
     if HEADER.size + len(question) + len(body) + len(opt) > limit:
         records, body, out_flags = [], b"", out_flags | TC
@@ -108,5 +116,5 @@ def _truncated(query: bytes, rcode: int) -> bytes:
     ident, flags = struct.unpack_from("!HH", query)
     end = question_end(query)
     question = query[HEADER.size : end] if end else b""
-    out_flags = QR | (flags & 0x7800) | (flags & RD) | RA | TC | rcode
+    out_flags = QR | (flags & 0x7800) | (flags & (RD | CD)) | RA | TC | rcode
     return HEADER.pack(ident, out_flags, 1 if question else 0, 0, 0, 0) + question

@@ -49,6 +49,7 @@ def read_query(msg: dns.DNSMessage) -> dp.Query:
         parsed=not getattr(msg, UNPARSED, False),
         opt_records=len(opts),
         edns_version=(opts[0].ttl >> 16) & 0xFF if opts else 0,
+        dnssec_ok=bool(opts[0].ttl & dns_wire.DO) if opts else False,
     )
 
 
@@ -144,6 +145,7 @@ class DnsFilter:
             addresses=addresses,
             ttl=ttl,
             opt_size=dp.OUR_UDP_PAYLOAD if query.opt_records == 1 else None,
+            dnssec_ok=query.dnssec_ok,
             limit=dp.udp_payload_limit(query.opt_records, advertised),
         )
         name = query.questions[0][0]
@@ -199,6 +201,7 @@ class DnsFilter:
             ttl=ttl,
             with_question=query.parsed and len(query.questions) == 1,
             opt_size=dp.OUR_UDP_PAYLOAD if query.opt_records == 1 else None,
+            dnssec_ok=query.dnssec_ok,
             limit=self._limit(flow, query),
         )
         self._record(flow, query, verdict)

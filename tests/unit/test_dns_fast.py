@@ -49,8 +49,8 @@ def packet(qname: bytes, qtype=dp.A, qclass=1, flags=0x0100, counts=(1, 0, 0, 0)
     return struct.pack("!HHHHHH", 0x1234, flags, qd, an, ns, ar) + body
 
 
-def opt(size=1232, version=0, data=b"", owner=b"\x00", rtype=dp.OPT):
-    return owner + struct.pack("!HHIH", rtype, size, version << 16, len(data)) + data
+def opt(size=1232, version=0, data=b"", owner=b"\x00", rtype=dp.OPT, do=False):
+    return owner + struct.pack("!HHIH", rtype, size, version << 16 | (0x8000 if do else 0), len(data)) + data
 
 
 COOKIE = struct.pack("!HH", 10, 8) + b"\x01" * 8  # dig sends a client cookie
@@ -84,6 +84,8 @@ COMMON = [
     packet(b"\x00", dp.OPT),
     packet(name(b"allowed", b"test"), flags=0x0130),  # AD and CD set
     packet(name(b"allowed", b"test"), flags=0x0000),  # RD clear
+    packet(name(b"allowed", b"test"), flags=0x0110, opt=opt(data=COOKIE, do=True)),  # dig +dnssec +cdflag
+    packet(name(b"x", b"attacker", b"example"), opt=opt(do=True)),  # kdig +dnssec, blocked
 ]
 
 # Shapes the fast reader leaves to the full path.
@@ -248,3 +250,16 @@ def test_forbidden_cached_addresses_are_dropped_on_the_fast_path():
     assert wire is not None
     assert struct.unpack_from("!H", wire, 6)[0] == 1  # only 198.18.0.10, not 127.0.0.1
     assert wire.endswith(ipaddress.ip_address("198.18.0.10").packed)
+
+
+def test_dnssec_ok_and_checking_disabled_are_copied_on_both_paths():
+    """dig +dnssec / kdig +cdflag: the answer carries the query's DO and CD bits."""
+    for data in (packet(name(b"allowed", b"test"), flags=0x0110, opt=opt(do=True)),
+                 packet(name(b"x", b"attacker", b"example"), flags=0x0110, opt=opt(do=True))):  # fmt: skip
+        for wire, _ in (fast_path(data), full_path(data)):
+            assert wire is not None
+            assert struct.unpack_from("!H", wire, 2)[0] & 0x0010  # CD
+            assert wire[-11:-8] == b"\x00\x00\x29" and struct.unpack_from("!I", wire, len(wire) - 6)[0] & 0x8000  # DO
+    wire, _ = fast_path(packet(name(b"allowed", b"test"), opt=opt()))
+    assert wire is not None and not struct.unpack_from("!H", wire, 2)[0] & 0x0010
+    assert not struct.unpack_from("!I", wire, len(wire) - 6)[0] & 0x8000

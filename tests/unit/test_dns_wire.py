@@ -42,6 +42,23 @@ def test_without_question_and_with_opt_and_badvers():
     assert (opt.type, opt.class_, opt.ttl >> 24) == (41, 1232, 1)  # extended RCODE 1 << 4 = BADVERS
 
 
+def test_cd_and_do_bits_are_copied_and_ad_is_never_set():
+    # RFC 4035 3.2.2 (CD), RFC 3225 3 (DO); AD (0x0020) asked for is not given: nothing is validated.
+    wire = dns_wire.answer(query(flags=0x0130, opt=4096), rcode=0, qtype=1, addresses=[ip("198.18.0.10")],
+                           opt_size=1232, dnssec_ok=True)  # fmt: skip
+    msg = dns.DNSMessage.unpack(wire)
+    flags = struct.unpack_from("!H", wire, 2)[0]
+    assert flags & 0x0010 and not flags & 0x0020
+    (opt,) = msg.additionals
+    assert opt.ttl & 0x8000
+    plain = dns_wire.answer(query(opt=4096), rcode=3, opt_size=1232)
+    assert not struct.unpack_from("!H", plain, 2)[0] & 0x0010
+    assert not dns.DNSMessage.unpack(plain).additionals[0].ttl & 0x8000
+    many = [ip(f"198.18.2.{i}") for i in range(1, 41)]
+    cut = dns_wire.answer(query(flags=0x0110), rcode=0, qtype=1, addresses=many)
+    assert struct.unpack_from("!H", cut, 2)[0] & 0x0210 == 0x0210  # TC, CD kept
+
+
 def test_too_large_is_truncated_to_header_and_question():
     many = [ip(f"198.18.2.{i}") for i in range(1, 41)]
     full = dns_wire.answer(query(), rcode=0, qtype=1, addresses=many, limit=65535)
