@@ -4,7 +4,7 @@ The listener answers every query itself, so it writes its answers directly: the
 client's question section is copied byte for byte (its letter case included, which
 clients that randomise case, RFC draft "0x20", compare), answer records point at it
 with a compression pointer, and an answer that does not fit the client's size is
-cut to its header and question with TC set (RFC 1035 4.2.1, RFC 6891 7). The CD
+cut to the records that fit with TC set (RFC 1035 4.2.1, RFC 2181 9, RFC 6891 7). The CD
 bit and the OPT record's DO bit are copied from the query (RFC 4035 3.2.2, RFC 3225
 3): clients that ask with them (`dig +dnssec`, `kdig +cdflag`, validating stubs)
 read an answer without them as one from a server that ignored them. AD is never
@@ -83,7 +83,7 @@ def answer(
     `opt_size`: include an OPT record advertising that UDP size (the query had EDNS);
     the extended RCODE bits of `rcode` travel in it, and `dnssec_ok` (the query's DO
     bit) is copied into it. Records of the wrong family for
-    `qtype` are left out. Over `limit` bytes: no records, TC set.
+    `qtype` are left out. Over `limit` bytes: the records that fit, TC set.
     """
     ident, flags = struct.unpack_from("!HH", packet)
     end = question_end(packet) if with_question else None
@@ -96,9 +96,15 @@ def answer(
     opt_ttl = (rcode >> 4) << 24 | (DO if dnssec_ok else 0)
     opt = b"\x00" + _RR.pack(OPT, opt_size, opt_ttl, 0) if opt_size is not None else b""
     out_flags = QR | (flags & 0x7800) | (flags & (RD | CD)) | RA | (rcode & 0xF)
+    room = limit - HEADER.size - len(question) - len(opt)
+    if room < 0:  # a question longer than any legal name (255 bytes): the answer goes without it
+        question, records, room, out_flags = b"", [], 0, out_flags | TC
+    if records and sum(map(len, records)) > room:
+        # As many whole records as fit, TC set: a client without TCP fallback (musl
+        # before 1.2.4, busybox nslookup) uses them, as it does CoreDNS's or dnsmasq's
+        # truncated answers; the others retry over TCP. (All records have one size.)
+        records, out_flags = records[: max(room, 0) // len(records[0])], out_flags | TC
     body = b"".join(records)
-    if HEADER.size + len(question) + len(body) + len(opt) > limit:
-        records, body, out_flags = [], b"", out_flags | TC
     head = HEADER.pack(ident, out_flags, 1 if question else 0, len(records), 0, 1 if opt else 0)
     return head + question + body + opt
 

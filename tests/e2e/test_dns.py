@@ -142,7 +142,9 @@ def test_large_answer_is_truncated_and_retried_over_tcp(box: DnsSandbox):
     status, answers = dig(box, "+noedns", "many.example.test")
     assert status == "NOERROR" and len(answers.splitlines()) == 40
     status, answers = dig(box, "+noedns", "+ignore", "many.example.test")
-    assert status == "NOERROR" and answers == ""  # the truncated UDP answer itself: no records
+    # The truncated UDP answer itself: the records that fit in 512 bytes (musl before
+    # 1.2.4 and busybox use them: they never retry over TCP; test_dns_clients.py).
+    assert status == "NOERROR" and 0 < len(answers.splitlines()) < 40
     out = box.exec("dig", "+tries=1", "+time=3", "+noedns", "+ignore", "many.example.test")
     assert " tc " in out.stdout or " tc;" in out.stdout or "flags: qr tc" in out.stdout, out.stdout
     # With EDNS the client's size is respected: 40 records fit in 4096.
