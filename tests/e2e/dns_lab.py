@@ -37,6 +37,7 @@ RECORDS = {
     "loop.example.test": ["127.0.0.1"],
     "many.example.test": [f"198.18.2.{i}" for i in range(1, 41)],  # 40 A records: > 512 bytes
     "attacker.test": ["198.18.0.13"],
+    "dual.example.test": ["198.18.0.14", "2001:2::14"],  # one of each family
     # Under an allowlisted wildcard, resolving to addresses the guard refuses.
     "loop.wild.example.test": ["127.0.0.1", "::1"],
     "meta.wild.example.test": ["169.254.169.254", "fd00:ec2::254"],
@@ -58,6 +59,8 @@ class Dnsmasq:
             *(f"--listen-address={a}" for a in addresses),
             # Any other name under attacker.test answers too, like an attacker's name server.
             "--address=/attacker.test/198.18.0.13",
+            # Any name under fresh.example.test: one A and one AAAA (a name no cache holds yet).
+            "--address=/fresh.example.test/198.18.0.15", "--address=/fresh.example.test/2001:2::15",
             # Authoritative for example.test: unknown names NXDOMAIN, missing types NODATA.
             "--local=/example.test/",
         ]  # fmt: skip
