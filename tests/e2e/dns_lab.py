@@ -19,9 +19,10 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from e2e.lab import ProxyProcess, in_netns, run
+from e2e.lab import Lab, ProxyProcess, in_netns, run
 from e2e.transparent_lab import RESOLVER_V4, RESOLVER_V6, SANDBOX_GW_V4, SANDBOX_GW_V6, Sandbox
 
 PUBLIC_RESOLVER_V4 = "198.18.0.54"
@@ -171,3 +172,20 @@ class DnsSandbox(Sandbox):
             self.sink.stop()
         super().stop()
 
+
+
+@contextlib.contextmanager
+def redirected_sandbox(lab: Lab, spec_text: str) -> Iterator[DnsSandbox]:
+    """A started DnsSandbox whose proxy has a DNS listener, with the rules of
+    `redirect-rules --dns-port` applied (uid 0 exempt: root's queries reach the resolvers)."""
+    sandbox = DnsSandbox(lab)
+    try:
+        sandbox.start()
+        proxy = sandbox.start_dns_proxy(spec_text)
+        applied = sandbox.redirect_rules(
+            "--proxy-port", str(proxy.port), "--proxy-uid", "0", "--dns-port", str(sandbox.dns_port), "--apply"
+        )
+        assert applied.returncode == 0, applied.stderr
+        yield sandbox
+    finally:
+        sandbox.stop()

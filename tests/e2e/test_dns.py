@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.dns_lab import PUBLIC_RESOLVER_V4, SINK_V4, STUB_V4, DnsSandbox
+from e2e.dns_lab import PUBLIC_RESOLVER_V4, SINK_V4, STUB_V4, DnsSandbox, redirected_sandbox
 from e2e.lab import Lab, in_netns
 from e2e.transparent_lab import RESOLVER_V4, RESOLVER_V6, SYSTEM_PYTHON
 
@@ -41,17 +41,8 @@ RELOADED = SPEC + "    - domain: reload.example.test\n"
 
 @pytest.fixture(scope="module")
 def box(lab: Lab):
-    sandbox = DnsSandbox(lab)
-    try:
-        sandbox.start()
-        proxy = sandbox.start_dns_proxy(SPEC)
-        applied = sandbox.redirect_rules(
-            "--proxy-port", str(proxy.port), "--proxy-uid", "0", "--dns-port", str(sandbox.dns_port), "--apply"
-        )
-        assert applied.returncode == 0, applied.stderr
+    with redirected_sandbox(lab, SPEC) as sandbox:
         yield sandbox
-    finally:
-        sandbox.stop()
 
 
 def token() -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.dns_lab import DnsSandbox
+from e2e.dns_lab import DnsSandbox, redirected_sandbox
 from e2e.lab import Lab
 from e2e.transparent_lab import RESOLVER_V4, SYSTEM_PYTHON
 
@@ -329,14 +329,7 @@ CLIENTS = [
 
 @pytest.fixture(scope="module")
 def box(lab: Lab):
-    sandbox = DnsSandbox(lab)
-    try:
-        sandbox.start()
-        proxy = sandbox.start_dns_proxy(SPEC)
-        applied = sandbox.redirect_rules(
-            "--proxy-port", str(proxy.port), "--proxy-uid", "0", "--dns-port", str(sandbox.dns_port), "--apply"
-        )
-        assert applied.returncode == 0, applied.stderr
+    with redirected_sandbox(lab, SPEC) as sandbox:
         for name, text in (("dns.js", NODE_SCRIPT), ("dnspy.py", DNSPYTHON_SCRIPT), ("musl.c", MUSL_SOURCE)):
             (sandbox.public / name).write_text(text)
             (sandbox.public / name).chmod(0o644)
@@ -345,8 +338,6 @@ def box(lab: Lab):
                                     str(sandbox.public / "musl.c")], capture_output=True, text=True, timeout=60)  # fmt: skip
             assert built.returncode == 0, built.stderr
         yield sandbox
-    finally:
-        sandbox.stop()
 
 
 def needs(client: Client) -> None:
