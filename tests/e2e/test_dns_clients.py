@@ -382,3 +382,47 @@ def test_client_resolves_allowlisted_and_blocked_fails_cleanly(box: DnsSandbox, 
     logged = box.all_queries()
     assert label not in logged.lower(), f"{name} reached a resolver:\n{logged}"
     assert not any(label.encode() in part.lower() for part in box.sink.received), box.sink.received
+
+
+SPLIT_TCP = r"""
+import socket, struct, sys, time
+def query(ident, name, qtype=1):
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    return struct.pack("!HHHHHH", ident, 0x0100, 1, 0, 0, 0) + labels + struct.pack("!HH", qtype, 1)
+def framed(q): return struct.pack("!H", len(q)) + q
+names = sys.argv[2:]
+wire = b"".join(framed(query(0x700 + i, n)) for i, n in enumerate(names))
+with socket.create_connection((sys.argv[1], 53), timeout=3) as s:
+    # The length prefix alone, then the rest a few bytes at a time: one query's
+    # bytes spread over many segments, the next query's prefix split across two.
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(wire[:1]); time.sleep(0.05); s.sendall(wire[1:2]); time.sleep(0.05)
+    for i in range(2, len(wire), 7):
+        s.sendall(wire[i:i + 7]); time.sleep(0.005)
+    got = b""
+    while True:
+        answers, rest = [], got
+        while len(rest) >= 2 and len(rest) - 2 >= struct.unpack("!H", rest[:2])[0]:
+            size = struct.unpack("!H", rest[:2])[0]; answers.append(rest[2:2 + size]); rest = rest[2 + size:]
+        if len(answers) == len(names):
+            break
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+for a in answers:
+    print(hex(struct.unpack("!H", a[:2])[0]), a[3] & 15, struct.unpack("!H", a[6:8])[0])
+"""
+
+
+def test_tcp_length_prefix_split_across_segments(box: DnsSandbox):
+    """RFC 7766 8: a client may write the two-byte length and the message in separate
+    segments, and pipelined queries may straddle them; each is answered, under its ID."""
+    script = box.public / "split_tcp.py"
+    script.write_text(SPLIT_TCP)
+    script.chmod(0o644)
+    blocked = f"x{uuid.uuid4().hex[:12]}.attacker.test"
+    out = box.exec(SYSTEM_PYTHON, "-I", str(script), RESOLVER_V4, DUAL, blocked, f"x{uuid.uuid4().hex[:12]}{FRESH_SUFFIX}")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["0x700 0 1", "0x701 3 0", "0x702 0 1"], out.stdout
+    assert blocked not in box.all_queries()
