@@ -16,6 +16,8 @@ A-label, RFC 5890). The proxy compares names after IDNA mapping (NFKC), so
 `plain.test` and went upstream byte for byte, where a server or CDN that routes on the
 raw value, or maps it by IDNA2008 (`ß` stays `ß`: `xn--pathrough-...`), reads another
 host than the one checked (domain fronting past the Host check). A red-team find.
+A CONNECT target too: mitmproxy reads its port with a Unicode `\\d`, so
+`CONNECT plain.test:<U+0668><U+0660>` (Arabic-Indic "80") opened a tunnel to port 80.
 
 Pure functions; the guard answers 400 with the problem (`egress.refusals.bad_request`).
 """
@@ -44,6 +46,13 @@ def host_field_problem(fields: Iterable[tuple[bytes, bytes]], authority: bytes) 
             return f"header 'Host': {_NOT_ASCII}"
     if not authority.isascii():
         return f"':authority': {_NOT_ASCII}"
+    return None
+
+
+def connect_target_problem(authority: bytes) -> str | None:
+    """Why a CONNECT target cannot be read as an ASCII host:port, or None."""
+    if not authority.isascii():
+        return "CONNECT target: not ASCII; a port is ASCII digits, " + _NOT_ASCII.removeprefix("not ASCII; ")
     return None
 
 

@@ -273,6 +273,17 @@ def test_a_host_header_that_is_not_ascii_is_400_never_forwarded(lab, star, host)
     assert lab.upstream_requests()[seen:] == []
 
 
+@pytest.mark.parametrize(
+    "target", ["plain.test:\u0668\u0660", "plain.test:\uff18\uff10", "127.0.0.1:\u0967\u0967", "pa\u00dfthrough.test:443"]
+)
+def test_a_connect_target_that_is_not_ascii_is_400(lab, star, target):  # was a defect (the ports)
+    """mitmproxy reads a CONNECT port with a Unicode `\\d`: `plain.test:٨٠` (Arabic-Indic 80) opened a tunnel."""
+    before = len(lab.canary.hits)
+    answer = raw_request(lab, star.port, f"CONNECT {target} HTTP/1.1\r\nHost: plain.test\r\n\r\n".encode())
+    assert status_and_reason(answer) == (400, "")
+    assert len(lab.canary.hits) == before
+
+
 @pytest.mark.parametrize("host", ["api.example.test\u200b", "\uff41pi.example.test", "api.example.tes\u0165"])
 def test_h2_authority_that_is_not_ascii_is_refused(lab, strict, host):  # noqa: F811
     """Inside the intercepted tunnel to the credential's host: refused (the h2 stack already resets

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from egress.fields import field_value_problem, host_field_problem
+from egress.fields import connect_target_problem, field_value_problem, host_field_problem
 
 
 @pytest.mark.parametrize(
@@ -42,3 +42,17 @@ def test_a_host_or_authority_that_is_not_ascii_is_a_problem(host):
 @pytest.mark.parametrize("host", [b"plain.test", b"xn--pathrough-eza.test:80", b"[::1]:8080", b"", b"PLAIN.TEST."])
 def test_an_ascii_host_is_left_to_the_destination_check(host):
     assert host_field_problem([(b"Host", host), (b"X-A", "caf\u00e9".encode())], host) is None
+
+
+@pytest.mark.parametrize("authority", ["plain.test:\u0668\u0660", "127.0.0.1:\u0967\u0967", "pa\u00dfthrough.test:443", "plain.test:\uff18\uff10"])
+def test_a_connect_target_that_is_not_ascii_is_a_problem(authority):
+    """mitmproxy reads the port with a Unicode `\\d`: Arabic-Indic "80" opened a tunnel to port 80."""  # was a defect
+    assert connect_target_problem(authority.encode()) == (
+        "CONNECT target: not ASCII; a port is ASCII digits, an internationalised name is sent as its xn-- form"
+        " (RFC 9110 section 7.2, RFC 5890)"
+    )
+
+
+@pytest.mark.parametrize("authority", [b"plain.test:80", b"[::1]:443", b"xn--pathrough-eza.test:443"])
+def test_an_ascii_connect_target_is_left_to_the_destination_check(authority):
+    assert connect_target_problem(authority) is None
