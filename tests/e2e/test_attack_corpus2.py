@@ -88,7 +88,11 @@ CLOUD_TARGETS = [
     ("metadata.google.internal", "forbidden_address"), ("METADATA.GOOGLE.INTERNAL.", "forbidden_address"),
     ("metadata.tencentyun.com", "forbidden_address"), ("kubernetes.default.svc", "forbidden_address"),
     ("kubernetes.default.svc.cluster.local", "forbidden_address"), ("host.docker.internal", "forbidden_address"),
-    ("instance-data", "forbidden_address"),
+    ("instance-data", "forbidden_address"), ("metadata", "forbidden_address"), ("rancher-metadata", "forbidden_address"),
+    # HackTricks "URL format bypass": mixed octal/decimal, zero-padded, other loopback addresses
+    ("0251.254.169.254", "forbidden_address"), ("169.254.169.0376", "forbidden_address"),
+    ("127.000000000000000.1", "loopback"), ("127.127.127.127", "loopback"), ("127.0.0.0", "loopback"),
+    ("0x7f.0x00.0x00.0x01", "loopback"), ("[0:0:0:0:0:ffff:7f00:0001]", "loopback"),
 ]  # fmt: skip
 # The corpora's "cloud" names, each mapped to its real address in the lab's resolver (hosts file).
 CLOUD_HOST_LINES = [
@@ -96,7 +100,8 @@ CLOUD_HOST_LINES = [
     "169.254.0.23 metadata.tencentyun.com",
     "10.96.0.1 kubernetes.default.svc kubernetes.default.svc.cluster.local",
     "172.17.0.1 host.docker.internal",
-    "169.254.169.254 instance-data",
+    "169.254.169.254 instance-data metadata",
+    "169.254.169.250 rancher-metadata",
 ]
 # ports the targets listen on (Docker's API, kubelet, Kubernetes API, the canary itself)
 PORTS = {"172.17": 2375, "10.96": 443, "kubernetes": 6443, "host.docker": 2375}
@@ -486,8 +491,13 @@ def test_transparent_tls_server_name_naming_metadata_is_closed(lab, sandbox):
     seen = len(sandbox.proxy.audit())
     answers = transparent_send(sandbox, [(ATTACKER, 443, client_hello(n)) for n in names])
     assert answers == [b""] * len(names)
-    entries = [(e["decision"], e["reason"]) for e in sandbox.proxy.audit()[seen:] if e.get("event") == "tunnel"]
-    assert len(entries) == len(names) and all(d == "blocked" for d, _ in entries), entries
+    entries = [(e["host"], e["decision"], e["reason"]) for e in sandbox.proxy.audit()[seen:] if e.get("event") == "tunnel"]
+    assert entries == [
+        ("169.254.169.254", "blocked", "forbidden_address"), ("metadata.google.internal", "blocked", "forbidden_address"),
+        ("kubernetes.default.svc", "blocked", "forbidden_address"), ("169.254.169.254", "blocked", "forbidden_address"),
+        ("127.0.0.1", "blocked", "loopback"), ("host.docker.internal", "blocked", "forbidden_address"),
+        ("", "blocked", "no_sni"),  # raw UTF-8 is no host name
+    ]  # fmt: skip
     assert sandbox.canary.hits == []
 
 
