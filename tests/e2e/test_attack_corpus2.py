@@ -215,6 +215,14 @@ def test_host_inside_a_tunnel_naming_metadata_is_refused(lab, star, authority):
     assert len(lab.canary.hits) == before
 
 
+@pytest.mark.parametrize("authority", ["169.254.169.254", "metadata.google.internal", "[fd00:ec2::254]", "100.100.100.200:80"])
+def test_h2_authority_naming_metadata_in_the_credentials_tunnel_is_refused(lab, strict, authority):  # noqa: F811
+    path = "/rt4-" + uuid.uuid4().hex[:12]
+    headers = _h2_request(authority, ("metadata-flavor", "Google"), ("metadata", "true"), path=path)
+    assert _h2_streams(lab, strict, [headers]) == {1: (403, "host_mismatch")}
+    assert [r for r in lab.upstream_requests() if r["path"].startswith(path)] == []
+
+
 # -- unreadable spellings: enclosed alphanumerics, fullwidth and ideographic dots, encodings ----------
 
 UNREADABLE = [
@@ -276,6 +284,16 @@ def test_a_host_header_that_is_not_ascii_is_400_never_forwarded(lab, star, host)
         assert status_and_reason(answer) == (400, ""), answer[:300]
         assert json.loads(answer.partition(b"\r\n\r\n")[2]) == {"error": "bad_request", "detail": f"header 'Host': {NOT_ASCII_DETAIL}"}
     assert lab.upstream_requests()[seen:] == []
+
+
+@pytest.mark.parametrize("url", ["http://\u24df\u24db\u24d0\u24d8\u24dd.\u24e3\u24d4\u24e2\u24e3/", "http://PLAIN.test./"])
+def test_real_curl_sends_an_idn_as_ascii_and_is_served(lab, star, url):
+    """Positive control for the 400 above: curl (libidn2, UTS #46) writes the name it maps, in ASCII."""
+    marker = "/rt4-" + uuid.uuid4().hex[:12]
+    out = lab.exec("curl", "-q", "-sS", "--max-time", "10", "-o", "/dev/null", "-w", "%{http_code}", "-x", star.url, url + marker[1:])
+    assert out.stdout == "200", out.stderr
+    (hit,) = [r for r in lab.upstream_requests() if r["path"].startswith(marker)]
+    assert hit["local"] == HOSTS["plain.test"] and dict(hit["headers"])["Host"].isascii()
 
 
 @pytest.mark.parametrize(
