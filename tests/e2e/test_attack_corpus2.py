@@ -111,10 +111,6 @@ def port_for(authority: str) -> int:
     return next((p for prefix, p in PORTS.items() if authority.startswith(prefix)), CANARY_PORT)
 
 
-def with_port(authority: str, port: int) -> str:
-    return f"{authority}:{port}"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def cloud_names(lab: Lab):
     """The corpora's metadata names resolve, in the proxy's namespace, to the addresses clouds give them."""
@@ -162,7 +158,7 @@ def chained(lab: Lab, cloud_names):
 
 
 def explicit_requests(authority: str, extra: str = "") -> list[bytes]:
-    target = with_port(authority, port_for(authority))
+    target = f"{authority}:{port_for(authority)}"
     return [
         f"GET http://{target}/latest/meta-data/ HTTP/1.1\r\nHost: {target}\r\n{extra}Connection: close\r\n\r\n".encode(),
         f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n".encode(),
