@@ -28,12 +28,13 @@ import re
 import secrets
 import signal
 import struct
+import subprocess
 import time
 import uuid
 
 import pytest
 
-from e2e.lab import CANARY_PORT, HOSTS, UPSTREAM_V4, Canary, Lab, raw_request
+from e2e.lab import CANARY_PORT, EGRESS_PROXY, HOSTS, UPSTREAM_V4, Canary, Lab, raw_request
 from e2e.raw_upstream import RawUpstream
 from e2e.test_attack_corpus import (  # noqa: F401  (strict is a fixture)
     _h2_request,
@@ -580,3 +581,19 @@ def test_dns_over_https_is_decided_by_its_host_like_any_request(lab, narrow):
             for h in hosts]  # fmt: skip
     answers = [status_and_reason(a) for a in transparent_send(narrow, rows)]
     assert answers == [(200, ""), (403, "not_allowlisted"), (403, "not_allowlisted"), (403, "not_allowlisted")]
+
+
+# -- the allowlist itself: a name IDNA2003 and IDNA2008 read as two domains ---------------------------
+
+
+@pytest.mark.parametrize("domain", ["stra\u00dfe.de", "*.stra\u00dfe.de", "pa\u00dfthrough.test"])
+def test_check_refuses_an_allowlist_name_the_two_idna_standards_read_differently(tmp_path, domain):  # was a defect
+    """`straße.de` was accepted as `strasse.de` (IDNA2003), a domain nobody named; clients send `xn--strae-oqa.de`."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f'network:\n  allowlist:\n    - domain: "{domain}"\n', encoding="utf-8")
+    out = subprocess.run([EGRESS_PROXY, "check", "--spec", str(spec)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stdout
+    assert (out.stdout + out.stderr).strip() == (
+        f"{spec}: network.allowlist[0].domain: invalid internationalised name (U+00DF is read differently by"
+        " IDNA2003 and IDNA2008; write the name's xn-- form)"
+    )
