@@ -23,10 +23,12 @@ Rows that found a defect are marked `# was a defect`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import secrets
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -444,6 +446,10 @@ def sandbox(lab: Lab):
         yield box
     finally:
         if getattr(box, "canary", None) is not None:
+            # shutdown wakes the accept() thread: a socket left open in the namespace keeps
+            # it (and its veth) alive, and the next module's sandbox cannot be created.
+            with contextlib.suppress(OSError):
+                box.canary.sock.shutdown(socket.SHUT_RDWR)
             box.canary.sock.close()
         box.stop()
 
