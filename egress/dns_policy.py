@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from mitmproxy import dns
+
 from egress import policy
 from egress.addresses import IPAddress
 from egress.domains import HostError, is_loopback_name, normalize_host
@@ -189,6 +191,27 @@ def filter_addresses(
         reported = [ip for ip, reason in zip(addresses, reasons, strict=True) if reason == policy.FORBIDDEN_ADDRESS]
         return reported, Verdict(Action.RESOLVE, NOERROR, decision)
     return [], Verdict(Action.NODATA, NOERROR, decision)
+
+
+def relayable(spec: Spec, upstream: bytes, is_self: Callable[[IPAddress], bool]) -> bytes:
+    """A report-mode answer from the proxy's resolver, less its A/AAAA records that name
+    loopback or the proxy's own addresses: report mode still blocks those (README), and an
+    allowlisted name's answer drops them too (`filter_addresses`). The relay passed
+    `127.0.0.1` / `::1` through for a name off the allowlist (a red-team find)."""
+    message = dns.DNSMessage.unpack(upstream)
+    never = (policy.LOOPBACK, policy.PROXY_SELF)
+
+    def keep(record: dns.ResourceRecord) -> bool:
+        if record.type not in (A, AAAA) or len(record.data) not in (4, 16):
+            return True
+        return policy.address_reason(spec, ipaddress.ip_address(record.data), is_self) not in never
+
+    answers = [r for r in message.answers if keep(r)]
+    additionals = [r for r in message.additionals if keep(r)]
+    if len(answers) == len(message.answers) and len(additionals) == len(message.additionals):
+        return upstream
+    message.answers, message.additionals = answers, additionals
+    return message.packed
 
 
 def resolve_failed(spec: Spec, verdict: Verdict, rcode: int) -> Verdict:

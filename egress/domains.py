@@ -17,6 +17,9 @@ from typing import Literal
 # Matched with `fullmatch`: `$` would also match before a final newline, and let
 # `a\n.example.test` (a DNS label holding a newline) pass as a host name.
 _LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+# UTS #46 deviation characters: IDNA2003 maps them (ß -> ss, ς -> σ) or drops them (ZWJ,
+# ZWNJ); IDNA2008 keeps them, so one written name would denote two domains.
+_IDNA_DEVIATIONS = frozenset("\u00df\u03c2\u200c\u200d")
 # Loopback names that must never reach a resolver (RFC 6761 §6.3).
 _LOOPBACK_NAMES = ("localhost",)
 
@@ -95,6 +98,14 @@ def normalize_host(raw: str) -> str:
     if host.startswith("[") or ":" in host:
         raise HostError("malformed IP literal")
     if not host.isascii():
+        if deviations := sorted(set(host) & _IDNA_DEVIATIONS):
+            # Python's codec is IDNA2003: `straße.de` becomes `strasse.de`, another domain
+            # than the `xn--strae-oqa.de` clients (IDNA2008 / UTS #46) look up and send.
+            shown = ", ".join(f"U+{ord(c):04X}" for c in deviations)
+            raise HostError(
+                f"invalid internationalised name ({shown} is read differently by IDNA2003 and IDNA2008;"
+                " write the name's xn-- form)"
+            )
         try:
             host = host.encode("idna").decode("ascii")
         except UnicodeError as exc:

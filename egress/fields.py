@@ -9,6 +9,16 @@ RFC 9110 §5.5: a recipient of CR, LF or NUL in a field value MUST reject the
 message or replace them with SP before forwarding. We reject: a client that sends
 them is not a client we need to keep working.
 
+The Host header and HTTP/2 `:authority` must also be ASCII (RFC 9110 §7.2: a
+uri-host, whose reg-name is ASCII; an internationalised name travels as its `xn--`
+A-label, RFC 5890). The proxy compares names after IDNA mapping (NFKC), so
+`Host: paßthrough.test` or `Host: plain.test<U+200B>` matched `passthrough.test` /
+`plain.test` and went upstream byte for byte, where a server or CDN that routes on the
+raw value, or maps it by IDNA2008 (`ß` stays `ß`: `xn--pathrough-...`), reads another
+host than the one checked (domain fronting past the Host check). A red-team find.
+A CONNECT target too: mitmproxy reads its port with a Unicode `\\d`, so
+`CONNECT plain.test:<U+0668><U+0660>` (Arabic-Indic "80") opened a tunnel to port 80.
+
 Pure functions; the guard answers 400 with the problem (`egress.refusals.bad_request`).
 """
 
@@ -27,3 +37,23 @@ def field_value_problem(fields: Iterable[tuple[bytes, bytes]]) -> str | None:
             shown = name.decode("latin-1")
             return f"header {shown!r}: value contains CR, LF or NUL (RFC 9110 section 5.5)"
     return None
+
+
+def host_field_problem(fields: Iterable[tuple[bytes, bytes]], authority: bytes) -> str | None:
+    """Why the request's Host header or `:authority` cannot be checked and forwarded, or None."""
+    for name, value in fields:
+        if name.lower() == b"host" and not value.isascii():
+            return f"header 'Host': {_NOT_ASCII}"
+    if not authority.isascii():
+        return f"':authority': {_NOT_ASCII}"
+    return None
+
+
+def connect_target_problem(authority: bytes) -> str | None:
+    """Why a CONNECT target cannot be read as an ASCII host:port, or None."""
+    if not authority.isascii():
+        return "CONNECT target: not ASCII; a port is ASCII digits, " + _NOT_ASCII.removeprefix("not ASCII; ")
+    return None
+
+
+_NOT_ASCII = "not ASCII; an internationalised name is sent as its xn-- form (RFC 9110 section 7.2, RFC 5890)"

@@ -177,7 +177,7 @@ class DnsFilter:
         spec, query, verdict = pending
         if verdict.action is dp.Action.FORWARD:
             raw: bytes = getattr(flow.request, RAW, b"")
-            wire = await self._forward(raw, self._limit(flow, query))
+            wire = await self._forward(spec, raw, self._limit(flow, query))
             flow.metadata[WIRE_KEY] = wire
             self._record(flow, query, verdict)
             return
@@ -221,10 +221,12 @@ class DnsFilter:
         self.cache.put(spec, verdict.decision.host, family, found)
         return dp.filter_addresses(spec, verdict, found, self._is_self)
 
-    async def _forward(self, raw: bytes, limit: int) -> bytes:
-        """Report mode: the query as the sandbox sent it, to the proxy's resolver; SERVFAIL on failure."""
+    async def _forward(self, spec: Spec, raw: bytes, limit: int) -> bytes:
+        """Report mode: the query as the sandbox sent it, to the proxy's resolver (its answer
+        less loopback and the proxy's own addresses); SERVFAIL on failure."""
         try:
-            return dns_wire.relayed(await forward(raw, self._nameserver()), raw, limit)
+            upstream = dp.relayable(spec, await forward(raw, self._nameserver()), self._is_self)
+            return dns_wire.relayed(upstream, raw, limit)
         except Exception as exc:  # ForwardError, a short answer
             logger.warning("report mode: forwarding a DNS query failed (%s)", type(exc).__name__)
             return dns_wire.answer(raw, rcode=dp.SERVFAIL, limit=limit)

@@ -48,7 +48,7 @@ from egress.addresses import IPAddress
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.domains import HostError, normalize_host
-from egress.fields import field_value_problem
+from egress.fields import connect_target_problem, field_value_problem, host_field_problem
 from egress.parent_proxy import ParentProxy
 from egress.relay import Side
 from egress.request_target import request_target_problem
@@ -146,6 +146,9 @@ class DestinationGuard:
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:  # refused before us (no proof of environment)
             return
+        if (problem := connect_target_problem(flow.request.data.authority)) is not None:
+            flow.response = refusals.bad_request(problem)
+            return
         host, port = flow.request.host, flow.request.port
         decision, address = await self.checker.check(host, port, flow.client_conn.id)
         if not decision.allowed:
@@ -173,7 +176,9 @@ class DestinationGuard:
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.request.method == "CONNECT":
             return
-        if (problem := field_value_problem(flow.request.headers.fields)) is not None:
+        if (problem := field_value_problem(flow.request.headers.fields)) is not None or (
+            problem := host_field_problem(flow.request.headers.fields, flow.request.data.authority)
+        ) is not None:
             # Not a destination decision: refused like any malformed request, before one is made.
             flow.response = refusals.bad_request(problem)
             return

@@ -132,3 +132,30 @@ def test_a_wildcard_name_that_resolves_to_forbidden_addresses_gets_an_empty_answ
     assert dig(box, name, qtype) == ("NOERROR", "")
     # Counted with the reason: the resolver did answer them, the proxy dropped them.
     assert sum(metric(box.proxy, "egress_dns_queries_total", reason=r, qtype=qtype) for r in reasons) == before + 1
+
+
+REPORT_SPEC = 'network:\n  mode: report\n  allowCidrs: ["198.18.0.0/15"]\n  allowlist:\n    - domain: dnsonly.example.test\n'
+
+
+@pytest.mark.parametrize(
+    "name, qtype, kept",
+    [("loop.wild.example.test", "A", []), ("loop.wild.example.test", "AAAA", []), ("loop.example.test", "A", []),
+     ("mixed.dns.example.test", "A", ["169.254.169.254", "198.18.0.12"]), ("meta.wild.example.test", "AAAA", ["fd00:ec2::254"])],
+)  # fmt: skip
+def test_report_mode_relay_never_names_loopback(box, name, qtype, kept):  # noqa: F811  # was a defect
+    """Report mode forwards a name off the allowlist to the resolver and relays its answer; loopback
+    stays blocked in report mode (a connection to it is refused), and the relay passed `127.0.0.1` /
+    `::1` through while an allowlisted name's answer dropped them. Metadata is kept, as a connection
+    in report mode is let through to it (README, *Report mode*)."""
+    from e2e.lab import ProxyProcess
+
+    dns_port = box.free_port()
+    report = ProxyProcess(box, REPORT_SPEC, ["--dns-listen", f"127.0.0.1:{dns_port}"], env=None, name="report.yaml")
+    report.start()
+    try:
+        # as root: the sandbox's filter drops a process's UDP to loopback (this listener is not the redirected one)
+        out = box.exec("dig", "+short", "+tries=2", "+time=3", "-p", str(dns_port), "@127.0.0.1", name, qtype, as_root=True)
+        assert sorted(out.stdout.split()) == kept, out.stdout + out.stderr
+        assert name in box.cluster.queries()  # it was forwarded: report mode lets it pass
+    finally:
+        report.stop()

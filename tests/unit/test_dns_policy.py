@@ -181,3 +181,44 @@ def test_qtype_labels_are_a_fixed_set():
         "A", "AAAA", "HTTPS", "SVCB", "PTR", "TXT", "MX", "CNAME", "ANY",
     ]  # fmt: skip
     assert {dp.qtype_label(t) for t in range(65536)} == set(dp.QTYPE_LABELS.values()) | {"other"}
+
+
+# --- relayable (report mode: the resolver's answer to a name off the allowlist) ------------------
+
+
+def _upstream_answer(*addresses: str, additional: tuple[str, ...] = ()) -> bytes:
+    from mitmproxy import dns
+
+    def record(address: str) -> dns.ResourceRecord:
+        a = ipaddress.ip_address(address)
+        return dns.ResourceRecord.A("x.test", a) if a.version == 4 else dns.ResourceRecord.AAAA("x.test", a)
+
+    return dns.DNSMessage(
+        id=7, query=False, op_code=0, authoritative_answer=False, truncation=False, recursion_desired=True,
+        recursion_available=True, reserved=0, response_code=0, questions=[dns.Question("x.test", dp.A, dp.CLASS_IN)],
+        answers=[record(a) for a in addresses], authorities=[], additionals=[record(a) for a in additional],
+    ).packed  # fmt: skip
+
+
+def _addresses(wire: bytes) -> list[str]:
+    from mitmproxy import dns
+
+    message = dns.DNSMessage.unpack(wire)
+    return [str(ipaddress.ip_address(r.data)) for r in (*message.answers, *message.additionals)]
+
+
+@pytest.mark.parametrize(
+    "addresses, kept",
+    [(["127.0.0.1"], []), (["::1"], []), (["127.0.0.1", "169.254.169.254", "198.51.100.7"], ["169.254.169.254", "198.51.100.7"]),
+     (["::ffff:127.0.0.1", "203.0.113.9"], []), (["0.0.0.0"], []), (["8.8.8.8"], ["8.8.8.8"])],
+)  # fmt: skip
+def test_a_relayed_answer_never_names_loopback_or_the_proxy(addresses, kept):  # was a defect
+    """Report mode keeps what connections may reach in report mode (metadata included), never loopback or self."""
+    wire = _upstream_answer(*addresses, additional=("127.0.0.2",))
+    relayed = dp.relayable(REPORT, wire, lambda a: a == ipaddress.ip_address("203.0.113.9"))
+    assert _addresses(relayed) == kept
+
+
+def test_a_relayed_answer_without_such_addresses_is_relayed_byte_for_byte():
+    wire = _upstream_answer("198.51.100.7", "2001:db8::1")
+    assert dp.relayable(REPORT, wire, lambda a: False) is wire

@@ -367,3 +367,23 @@ def test_ip_host_does_not_match_wildcard_over_its_trailing_labels():
     allowlist.wildcard["3.4"] = "suffix"
     assert allowlist.match("1.2.3.4") is None
     assert allowlist.match("x.2.3.4") == "suffix"
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["stra\u00dfe.de", "*.stra\u00dfe.de", "\u03c3\u03bf\u03c6\u03bf\u03c2.gr", "a\u200db.example", "a\u200cb.example",
+     "STRA\u00dfE.DE."],
+)  # fmt: skip
+def test_an_allowlist_name_idna2003_and_idna2008_read_differently_is_refused(pattern):  # was a defect
+    """`straße.de` became `strasse.de` (Python's codec is IDNA2003): another domain than the
+    `xn--strae-oqa.de` every current client looks up; the entry allowed a site nobody named."""
+    with pytest.raises(HostError, match=r"read differently by IDNA2003 and IDNA2008; write the name's xn-- form"):
+        parse_pattern(pattern)
+
+
+@pytest.mark.parametrize(
+    "pattern, domain",
+    [("b\u00fccher.de", "xn--bcher-kva.de"), ("xn--strae-oqa.de", "xn--strae-oqa.de"), ("M\u00fcnchen.DE.", "xn--mnchen-3ya.de")],
+)  # fmt: skip
+def test_other_internationalised_names_are_read_as_both_standards_read_them(pattern, domain):
+    assert parse_pattern(pattern).domain == domain
