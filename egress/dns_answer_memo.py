@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from egress.dns_policy import Verdict
 
 MAX_AGE = 1.0  # seconds
 MAX_ENTRIES = 4096
@@ -45,7 +46,7 @@ class Memo:
     generation: int  # the address cache's generation then
     valid_until: float  # on the address cache's clock
     tail: bytes  # the answer without its ID
-    verdict: Any  # dns_policy.Verdict, counted again for every query served
+    verdict: Verdict  # counted again for every query served
     name: str
     qtype: str  # the counter's label
 
@@ -73,7 +74,7 @@ class AnswerMemo:
         *,
         spec: object,
         generation: int,
-        verdict: Any,
+        verdict: Verdict,
         name: str,
         qtype: str,
         expires: float,

@@ -21,12 +21,12 @@ from __future__ import annotations
 import struct
 
 from egress import dns_policy as dp
+from egress import dns_wire
 
 _HEADER = struct.Struct("!HHHHHH")
 _QUESTION_TAIL = struct.Struct("!HH")
 _RR_TAIL = struct.Struct("!HHIH")  # TYPE, CLASS, TTL, RDLENGTH
 _QR, _OPCODE = 0x8000, 0x7800
-_DO = 0x8000  # in the OPT record's TTL field
 _ACE_PREFIX = b"xn--"
 
 
@@ -68,7 +68,7 @@ def read_simple_query(packet: bytes) -> tuple[dp.Query, int] | None:
         if rtype != dp.OPT:
             return None
         edns_version = (ttl >> 16) & 0xFF
-        dnssec_ok = bool(ttl & _DO)
+        dnssec_ok = bool(ttl & dns_wire.DO)
     if offset != end:
         return None
     query = dp.Query(

@@ -95,7 +95,7 @@ def answer(
     ]
     opt_ttl = (rcode >> 4) << 24 | (DO if dnssec_ok else 0)
     opt = b"\x00" + _RR.pack(OPT, opt_size, opt_ttl, 0) if opt_size is not None else b""
-    out_flags = QR | (flags & 0x7800) | (flags & (RD | CD)) | RA | (rcode & 0xF)
+    out_flags = _response_flags(flags, rcode)
     room = limit - HEADER.size - len(question) - len(opt)
     if room < 0:  # a question longer than any legal name (255 bytes): the answer goes without it
         question, records, room, out_flags = b"", [], 0, out_flags | TC
@@ -107,6 +107,11 @@ def answer(
     body = b"".join(records)
     head = HEADER.pack(ident, out_flags, 1 if question else 0, len(records), 0, 1 if opt else 0)
     return head + question + body + opt
+
+
+def _response_flags(query_flags: int, rcode: int) -> int:
+    """An answer's flags: QR, the query's opcode, RD and CD echoed, RA, the rcode's low bits."""
+    return QR | (query_flags & 0x7800) | (query_flags & (RD | CD)) | RA | (rcode & 0xF)
 
 
 def relayed(upstream: bytes, query: bytes, limit: int) -> bytes:
@@ -122,5 +127,5 @@ def _truncated(query: bytes, rcode: int) -> bytes:
     ident, flags = struct.unpack_from("!HH", query)
     end = question_end(query)
     question = query[HEADER.size : end] if end else b""
-    out_flags = QR | (flags & 0x7800) | (flags & (RD | CD)) | RA | TC | rcode
+    out_flags = _response_flags(flags, rcode) | TC
     return HEADER.pack(ident, out_flags, 1 if question else 0, 0, 0, 0) + question

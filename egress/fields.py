@@ -52,8 +52,9 @@ def host_field_problem(fields: Iterable[tuple[bytes, bytes]], authority: bytes) 
 def connect_target_problem(authority: bytes) -> str | None:
     """Why a CONNECT target cannot be read as an ASCII host:port, or None."""
     if not authority.isascii():
-        return "CONNECT target: not ASCII; a port is ASCII digits, " + _NOT_ASCII.removeprefix("not ASCII; ")
+        return f"CONNECT target: not ASCII; a port is ASCII digits, {_XN_FORM}"
     return None
 
 
-_NOT_ASCII = "not ASCII; an internationalised name is sent as its xn-- form (RFC 9110 section 7.2, RFC 5890)"
+_XN_FORM = "an internationalised name is sent as its xn-- form (RFC 9110 section 7.2, RFC 5890)"
+_NOT_ASCII = f"not ASCII; {_XN_FORM}"
