@@ -29,6 +29,7 @@ from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
 from egress.environments import EnvironmentRegistry
+from egress.error_pages import install_error_pages
 from egress.h1_trailers import install_trailer_refusal
 from egress.parent_proxy import ParentProxy
 from egress.reload import SpecHolder
@@ -53,6 +54,7 @@ def build_master(
     m = master.Master(opts, with_termlog=True)
     HookDispatcher.install(m)  # hooks found once per event name, not per event
     install_trailer_refusal()  # HTTP/1 trailers: closed, not a crash and a hang (egress.h1_trailers)
+    install_error_pages()  # mitmproxy's own 4xx/5xx: JSON, no version banner (egress.error_pages)
     # Which spec a client connection is held to: the one spec (--spec), or its environment's (--spec-dir).
     if isinstance(holder, EnvironmentRegistry):
         gate = EnvironmentGate(holder, None, log)

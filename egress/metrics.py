@@ -41,9 +41,14 @@ CREDENTIAL_INJECTIONS = Counter(
 )
 UPSTREAM_ERRORS = Counter(
     "egress_upstream_errors",
-    "Allowed tunnels whose checked upstream address could not be connected (CONNECT answered 502/504, "
-    "or a transparent connection closed).",
+    "Allowed tunnels and requests whose checked upstream address could not be connected (answered "
+    "502/504, or a transparent connection closed).",
     ["reason"],
+)
+TIMEOUTS = Counter(
+    "egress_timeouts",
+    "Connections or requests ended by a proxy timeout (connect, read, header).",
+    ["kind"],
 )
 REQUEST_DURATION = Histogram(
     "egress_request_duration_seconds",

@@ -12,7 +12,9 @@ is written once and reviewed once:
 | `upstream_failed`     | 502/504 | `X-Egress-Error: <reason>`                    | `upstream_failed` |
 | `read_timeout`        | 504     | `X-Egress-Error: read_timeout`, close (bytes) | `upstream_error`  |
 | `bad_request`         | 400     | -                                             | `bad_request`     |
-| `head_too_large`      | 431     | mitmproxy's own error page (bytes)            | -                 |
+| `head_too_large`      | 431     | close (bytes)                                 | `bad_request`     |
+| `mitmproxy_error`     | 4xx/5xx | close (bytes): what mitmproxy refuses itself  | `bad_request`, `upstream_error` |
+|   ... connect failed  | 502/504 | `X-Egress-Error: <reason>`, close (bytes)     | `upstream_failed` |
 
 Bodies are JSON built with `json.dumps` (so a hostile host name is escaped, never
 markup) and hold only a constant error, a reason code, the destination host the
@@ -26,9 +28,10 @@ Pure functions: they build the answer; the addons decide when to send it.
 from __future__ import annotations
 
 import json
+import re
 
 from mitmproxy import http
-from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.net.http import http1
 
 from egress import policy, proxy_auth, upstream
 
@@ -99,6 +102,32 @@ def bad_request(problem: str) -> http.Response:
 
 
 def head_too_large() -> bytes:
-    """431 for an HTTP/1 request head over egress_max_header_bytes: mitmproxy's own error
-    page, as for the other malformed requests mitmproxy refuses itself."""
-    return _http1.make_error_response(431, "request header fields too large")
+    """431 for an HTTP/1 request head over egress_max_header_bytes, shaped like the other
+    malformed requests mitmproxy refuses itself."""
+    return mitmproxy_error(431, "request header fields too large")
+
+
+MAX_DETAIL = 300
+_CONNECT_FAILED = re.compile(r"(upstream_refused|upstream_unreachable|upstream_timeout): could not connect to (\S*)")
+
+
+def connect_failure_message(reason: str, host: str) -> str:
+    """How `egress.addons.tunnel` reports a failed upstream connect to mitmproxy, which
+    hands the text to `mitmproxy_error` as the message of its 502: it names the host the
+    client asked for, never the address the proxy dialled."""
+    return f"{reason}: could not connect to {host[:MAX_HOST]}"
+
+
+def mitmproxy_error(status: int, message: str = "") -> bytes:
+    """What mitmproxy's HTTP/1 layer sends for a request it cannot serve (installed by
+    `egress.error_pages` in place of its HTML page): a failed connect as a CONNECT's, the
+    rest JSON with mitmproxy's text as the detail (the client's own request line or an
+    upstream's malformed answer; never a header the proxy added)."""
+    if (failed := _CONNECT_FAILED.fullmatch(message)) is not None:
+        response = upstream_failed(failed[1], failed[2])
+    else:
+        error = "bad_request" if status < 500 else "upstream_error"
+        body = json.dumps({"error": error, "detail": message[:MAX_DETAIL]}).encode()
+        response = _json(status, body, {})
+    response.headers["Connection"] = "close"  # mitmproxy closes the connection after it
+    return http1.assemble_response(response)

@@ -41,6 +41,7 @@ from egress.addons.tunnel import (
     RefuseLayer,
     RelayLayer,
     can_take_over,
+    connecting_to,
     hand_to_mitmproxy,
     install_connect_handoff,
 )
@@ -439,6 +440,7 @@ class DestinationGuard:
             data.server.error = "egress: destination was not checked"
         else:
             self._dialing[data.server.id] = (host, port)
+            connecting_to(normalized or "")  # a failed connect's answer names it
             data.server.address = (str(address), port)
             tunnel = state.tunnel if state else None
             if tunnel is not None and tunnel.upstream is not None and (normalized, port) == (tunnel.host, tunnel.port):

@@ -11,8 +11,6 @@ Hook by hook:
                         `egress_header_timeout` (slowloris, idle keep-alive);
                         passthrough tunnels and WebSockets are exempt (opaque bytes,
                         mitmproxy's `tcp_timeout` closes them when idle).
-- `server_connect`      the upstream TCP connect must finish within
-                        `egress_connect_timeout`, else 502 naming the timeout.
 - `request`             the upstream must start answering within
                         `egress_read_timeout` of the request: 504 (plain HTTP/1
                         upstreams) or 502 (TLS or HTTP/2 upstreams, where
@@ -27,16 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass
 
 from mitmproxy import connection, ctx, exceptions, http, tls
-from mitmproxy.proxy import commands, events, layer, mode_specs, server_hooks
+from mitmproxy.proxy import commands, events, layer, mode_specs
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 from prometheus_client import Counter
 
-from egress import refusals
+from egress import metrics, refusals
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +43,6 @@ REFUSED = Counter(
     "egress_connections_refused",
     "Client connections refused at accept because a connection limit was reached.",
     ["limit"],
-)
-TIMEOUTS = Counter(
-    "egress_timeouts",
-    "Connections or requests ended by a proxy timeout (connect, read, header).",
-    ["kind"],
 )
 
 
@@ -64,7 +58,6 @@ class ConnectionLimits:
     def __init__(self) -> None:
         self.slots: dict[str, _Slot] = {}
         self.per_address: dict[str, int] = {}
-        self._connect_timers: dict[str, asyncio.TimerHandle] = {}
         self._read_timers: dict[str, asyncio.TimerHandle] = {}
 
     def load(self, loader) -> None:
@@ -198,34 +191,11 @@ class ConnectionLimits:
         if slot is None:
             return
         slot.deadline = None
-        TIMEOUTS.labels("header").inc()
+        metrics.TIMEOUTS.labels("header").inc()
         logger.info("closed connection from %s: no complete request head within %ss", client.peername[0], seconds)
         _cancel_transport(client, client, f"egress: no request head within {seconds}s")
 
-    # -- upstream connect and read timeouts ---------------------------------------
-    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
-        seconds = ctx.options.egress_connect_timeout
-        if data.server.error or not seconds:
-            return
-        loop = asyncio.get_running_loop()
-        self._connect_timers[data.server.id] = loop.call_later(
-            seconds, self._connect_expired, data.client, data.server, seconds
-        )
-
-    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        self._cancel(self._connect_timers, data.server.id)
-
-    server_connect_error = server_connected
-
-    def _connect_expired(self, client: connection.Client, server: connection.Server, seconds: int) -> None:
-        self._connect_timers.pop(server.id, None)
-        if server.timestamp_tcp_setup is not None:  # connected just now
-            return
-        TIMEOUTS.labels("connect").inc()
-        logger.warning("upstream connect timed out after %ss (port %s)", seconds, server.address[1] if server.address else "?")
-        # mitmproxy turns the failed connect into 502 with this text as the reason.
-        _cancel_transport(client, server, f"egress: upstream connect timed out after {seconds}s")
-
+    # -- upstream read timeout (the connect timeout is egress.addons.tunnel's) -----
     def request(self, flow: http.HTTPFlow) -> None:
         seconds = ctx.options.egress_read_timeout
         if flow.response is not None or not seconds:
@@ -239,7 +209,7 @@ class ConnectionLimits:
         self._read_timers.pop(flow.id, None)
         if flow.response is not None or flow.error is not None or not flow.live:
             return
-        TIMEOUTS.labels("read").inc()
+        metrics.TIMEOUTS.labels("read").inc()
         server = flow.server_conn
         logger.warning("upstream sent no response within %ss (port %s)", seconds, flow.request.port)
         handler = _handler(flow.client_conn)
@@ -281,24 +251,34 @@ class _HeadLimit:
     installed = False
 
 
+_HEAD_END = re.compile(rb"\n\r?\n")  # h11's blank line, which ends a head
+
+
+def _head_over_limit(buffered: bytes | bytearray, limit: int) -> bool:
+    """True when more than `limit` bytes wait and no head ends within the first `limit` of
+    them. A head that arrived complete in one read counts too: checking only a head still
+    incomplete let a 70 KB head sent at once through (a red-team find)."""
+    return len(buffered) > limit and _HEAD_END.search(bytes(buffered), 0, limit) is None
+
+
 def install_head_limit() -> None:
-    """Bound the bytes mitmproxy buffers while waiting for a complete HTTP/1 head."""
+    """Bound the HTTP/1 heads mitmproxy reads (it has buffered what arrived when this runs)."""
     if _HeadLimit.installed:
         return
     _HeadLimit.installed = True
     server_read, client_read = _http1.Http1Server.read_headers, _http1.Http1Client.read_headers
 
     def server_read_headers(self, event):
-        yield from server_read(self, event)
-        if self.state == self.read_headers and len(self.buf) > _HeadLimit.max_bytes:
+        if isinstance(event, events.DataReceived) and _head_over_limit(self.buf, _HeadLimit.max_bytes):
             yield commands.Log(f"request head over {_HeadLimit.max_bytes} bytes: 431", logging.INFO)
             yield commands.SendData(self.conn, refusals.head_too_large())
             yield commands.CloseConnection(self.conn)
             self.state = self.done
+            return
+        yield from server_read(self, event)
 
     def client_read_headers(self, event):
-        yield from client_read(self, event)
-        if self.state == self.read_headers and len(self.buf) > _HeadLimit.max_bytes and self.stream_id:
+        if isinstance(event, events.DataReceived) and self.stream_id and _head_over_limit(self.buf, _HeadLimit.max_bytes):
             yield commands.CloseConnection(self.conn)
             yield ReceiveHttp(
                 ResponseProtocolError(
@@ -306,6 +286,8 @@ def install_head_limit() -> None:
                 )
             )
             self.state = self.done
+            return
+        yield from client_read(self, event)
 
     # Deliberate patches of mitmproxy 12.3.1 (see the module docstring).
     _http1.Http1Server.read_headers = server_read_headers  # type: ignore[method-assign]

@@ -15,6 +15,7 @@ any connection. Written against mitmproxy 12.3.1 (`proxy/server.py`:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import weakref
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy import server as proxy_server
 from mitmproxy.proxy.context import Context
 
-from egress import metrics, upstream
+from egress import metrics, refusals, upstream
 from egress.parent_proxy import ParentProxy
 from egress.relay import Relay, Side
 
@@ -128,6 +129,16 @@ _handoffs: weakref.WeakKeyDictionary[asyncio.Task, Side] = weakref.WeakKeyDictio
 _parent: ParentProxy | None = None  # set by install_connect_handoff
 
 
+# The name the client asked for, set by the guard's `server_connect` in the task that then
+# connects (`ConnectionHandler.open_connection` awaits the hook, then the connect).
+_connecting_to: contextvars.ContextVar[str] = contextvars.ContextVar("egress_connecting_to", default="")
+
+
+def connecting_to(name: str) -> None:
+    """From a `server_connect` hook: the destination's name, for a failed connect's answer."""
+    _connecting_to.set(name)
+
+
 def hand_to_mitmproxy(side: Side) -> None:
     """From a `server_connect` hook: the connect mitmproxy is about to make, in this same task
     (`ConnectionHandler.open_connection` awaits the hook, then `asyncio.open_connection`),
@@ -172,24 +183,39 @@ async def _connect(host: str, port: int, **kwargs: Any):
 
     `host` is the address the guard's `server_connect` pinned (the checked IP); through a
     parent it is what the parent is asked for, so plain HTTP and intercepted TLS take the
-    same path as a tunnel dialled at CONNECT. A failure is an OSError, which mitmproxy
-    answers with its 502 (the reason code in the message).
+    same path as a tunnel dialled at CONNECT. Within --connect-timeout, counted like a
+    CONNECT's dial; a failure is an OSError whose text mitmproxy hands to its 502, which
+    `egress.error_pages` turns into the CONNECT's answer (reason code and the name the
+    client asked for, from `connecting_to`; never the address).
     """
+    name = _connecting_to.get()
+    seconds = ctx.options.egress_connect_timeout
     if _parent is None:
-        return await asyncio.open_connection(host, port, **kwargs)
+        try:
+            async with asyncio.timeout(seconds or None):
+                return await asyncio.open_connection(host, port, **kwargs)
+        except OSError as exc:  # TimeoutError included
+            reason = upstream.failure_reason(exc)
+            metrics.UPSTREAM_ERRORS.labels(reason).inc()
+            if reason == upstream.UPSTREAM_TIMEOUT:
+                metrics.TIMEOUTS.labels("connect").inc()
+                logger.warning("upstream connect timed out after %ss (port %s)", seconds, port)
+            else:
+                logger.info("upstream %s (port %s)", reason, port)
+            raise OSError(refusals.connect_failure_message(reason, name)) from None
     try:
         address = ip_address(host)
     except ValueError:  # fail closed: through a parent we only ever ask for a checked address
         raise OSError(f"egress: {host!r} is not a checked address") from None
     try:
-        side = await upstream.dial(address, port, ctx.options.egress_connect_timeout, _parent)
+        side = await upstream.dial(address, port, seconds, _parent)
     except upstream.DialFailed as failure:
         metrics.UPSTREAM_ERRORS.labels(failure.reason).inc()
         if failure.reason == upstream.UPSTREAM_REFUSED:
             logger.warning("upstream %s (port %s): %s", failure.reason, port, failure.detail)
         else:
             logger.info("upstream %s (port %s): %s", failure.reason, port, failure.detail)
-        raise OSError(f"egress: {failure.reason}") from None
+        raise OSError(refusals.connect_failure_message(failure.reason, name)) from None
     # (the connect time is observed by egress.addons.observe, as for any mitmproxy connect)
     if side.transport is None:  # create_connection always sets it
         raise OSError("egress: parent proxy tunnel has no transport")

@@ -253,6 +253,26 @@ def test_ambiguous_framing_is_refused_before_any_upstream(lab, strict, framing):
     assert not reached(lab, path) and not reached(lab, "/smuggled")
 
 
+MITMPROXY_REFUSES = {
+    "garbage-request-line": b"GARBAGE\r\n\r\n",
+    "space-in-target": b"GET http://plain.test/a b HTTP/1.1\r\nHost: plain.test\r\n\r\n",
+    "te-and-cl": b"POST http://plain.test/ HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+    "header-without-colon": b"GET http://plain.test/ HTTP/1.1\r\nHost: plain.test\r\nNoColonHere\r\n\r\n",
+    "head-over-64k": b"GET http://plain.test/ HTTP/1.1\r\nHost: plain.test\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("request_bytes", MITMPROXY_REFUSES.values(), ids=MITMPROXY_REFUSES.keys())
+def test_what_mitmproxy_refuses_itself_names_no_version_and_is_json(lab, strict, request_bytes):  # was a defect
+    """A probe of the proxy learnt its exact version: mitmproxy's own error pages said `Server: mitmproxy 12.3.1`."""
+    answer = raw_request(lab, strict.port, request_bytes)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 431 ")), answer[:300]
+    assert b"mitmproxy" not in answer.lower() and b"server:" not in head.lower(), answer[:300]
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body)["error"] == "bad_request"
+
+
 @pytest.mark.parametrize(
     "field",
     ["X-A: a\rHost: other.test", "X-A: a\rTransfer-Encoding: chunked", "X-A: a\x00b", "X-A: a\rAuthorization: Bearer mine",

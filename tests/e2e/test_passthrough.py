@@ -18,7 +18,7 @@ import pytest
 from tls_hello import hello_body, records, sni_extension
 
 from e2e.clients import curl
-from e2e.lab import HOSTS, Lab, in_netns
+from e2e.lab import HOSTS, Lab, in_netns, raw_request
 
 RECORDER_PORT = 9443
 BLACKHOLE = "198.18.0.42"  # SYNs dropped by a firewall rule in the upstream namespace
@@ -309,6 +309,33 @@ def test_dead_upstream_gets_an_answer_to_connect(lab, proxy, host, port, status,
     assert metric(proxy, f'egress_upstream_errors_total{{reason="{reason}"}}') == before + 1
     line = [e for e in proxy.audit() if e.get("error") == reason][-1]
     assert line["host"] == host and line["method"] == "CONNECT"
+
+
+@pytest.mark.parametrize(
+    "host, port, status, reason, at_least, at_most",
+    [
+        ("passthrough.test", 9, 502, "upstream_refused", 0, 1),
+        ("unreachable.pt.test", 80, 502, "upstream_unreachable", 0, 1),
+        ("blackhole.pt.test", 80, 504, "upstream_timeout", TIMEOUT, TIMEOUT + 2.5),
+    ],
+)
+def test_dead_upstream_of_a_plain_http_request_gets_the_same_answer(
+    lab, proxy, host, port, status, reason, at_least, at_most
+):  # was a defect
+    """mitmproxy connects for a plain-HTTP request itself; its failure was mitmproxy's HTML 502 with
+    `Server: mitmproxy 12.3.1` and the dialled address in the page (`Connect call failed ('198.18.0.17',
+    9)`), no `X-Egress-Error`, not counted, and 502 rather than 504 after --connect-timeout."""
+    before = metric(proxy, f'egress_upstream_errors_total{{reason="{reason}"}}')
+    start = time.monotonic()
+    answer = raw_request(lab, proxy.port, f"GET http://{host}:{port}/x HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    took = time.monotonic() - start
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status}".encode()), answer
+    assert f"X-Egress-Error: {reason}".encode() in head
+    assert json.loads(body) == {"error": "upstream_failed", "reason": reason, "host": host}
+    assert b"mitmproxy" not in answer.lower() and b"198." not in answer, answer
+    assert at_least <= took < at_most, took
+    assert metric(proxy, f'egress_upstream_errors_total{{reason="{reason}"}}') == before + 1
 
 
 def test_curl_sees_the_502(lab, proxy):

@@ -100,8 +100,9 @@ def metric(proxy, name: str) -> float:
 
 
 def test_upstream_refuses(lab, faulty):
-    status, _, body, took = timed_curl(lab, faulty, "http://refused.fault.test:8080/")
-    assert status == 502 and "connect call failed" in body.lower(), body  # ECONNREFUSED
+    status, headers, body, took = timed_curl(lab, faulty, "http://refused.fault.test:8080/")
+    assert status == 502 and headers.get("x-egress-error") == "upstream_refused", (status, headers, body)  # ECONNREFUSED
+    assert json.loads(body) == {"error": "upstream_failed", "reason": "upstream_refused", "host": "refused.fault.test"}
     assert took < SLACK
     assert_still_serving(lab, faulty)
 
@@ -145,8 +146,9 @@ def test_upstream_stalls_intercepted_tls(lab, faulty):
 
 
 def test_upstream_connect_times_out(lab, faulty):
-    status, _, body, took = timed_curl(lab, faulty, "http://blackhole.fault.test:8080/")
-    assert status == 502 and f"upstream connect timed out after {TIMEOUT}s" in body, body
+    status, headers, body, took = timed_curl(lab, faulty, "http://blackhole.fault.test:8080/")
+    assert status == 504 and headers.get("x-egress-error") == "upstream_timeout", (status, headers, body)
+    assert json.loads(body) == {"error": "upstream_failed", "reason": "upstream_timeout", "host": "blackhole.fault.test"}
     assert TIMEOUT <= took < TIMEOUT + SLACK
     assert_still_serving(lab, faulty)
 

@@ -132,11 +132,58 @@ def test_bad_request():
     )
 
 
-def test_head_too_large_is_mitmproxys_page():
-    answer = refusals.head_too_large()
-    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
-    assert b"Connection: close\r\n" in answer
-    assert answer.endswith(b"<p>request header fields too large</p>\n</body>\n</html>")
+def test_head_too_large():
+    assert refusals.head_too_large() == (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        b"Content-Type: application/json\r\n"
+        b"content-length: 69\r\n"
+        b"Connection: close\r\n"
+        b"\r\n"
+        b'{"error": "bad_request", "detail": "request header fields too large"}'
+    )
+
+
+@pytest.mark.parametrize("reason", upstream.REASONS)
+def test_a_failed_connect_mitmproxy_reports_is_the_connects_answer(reason):
+    message = refusals.connect_failure_message(reason, "plain.test")
+    assert refusals.mitmproxy_error(502, message) == wire(refusals.upstream_failed(reason, "plain.test")).replace(
+        b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1
+    )
+
+
+@pytest.mark.parametrize(
+    "status, message, error",
+    [
+        (400, "Bad HTTP request line: b'GARBAGE'", "bad_request"),
+        (413, "request body exceeds limit", "bad_request"),
+        (502, "server closed connection", "upstream_error"),
+        # not the exact text connect_failure_message writes: a detail like any other
+        (502, "upstream_refused: could not connect to a b", "upstream_error"),
+        (502, "[Errno 111] Connect call failed ('198.18.0.16', 9)", "upstream_error"),
+    ],
+)
+def test_what_mitmproxy_refuses_itself_is_json_without_its_version(status, message, error):
+    answer = refusals.mitmproxy_error(status, message)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode())
+    assert b"Connection: close" in head and b"Content-Type: application/json" in head
+    assert b"mitmproxy" not in answer.lower() and b"server:" not in head.lower()
+    assert json.loads(body) == {"error": error, "detail": message}
+
+
+def test_the_detail_is_bounded():
+    body = refusals.mitmproxy_error(400, "x" * 10_000).partition(b"\r\n\r\n")[2]
+    assert json.loads(body)["detail"] == "x" * refusals.MAX_DETAIL
+
+
+def test_error_pages_replace_mitmproxys_own():
+    from mitmproxy.proxy.layers.http import _http1, _http2
+
+    from egress.error_pages import SERVER, install_error_pages
+
+    install_error_pages()
+    assert _http1.make_error_response(400, "x") == refusals.mitmproxy_error(400, "x")
+    assert _http2.version.MITMPROXY == SERVER
 
 
 HOSTILE_HOST = 'a"b\r\n<script>X-Injected: 1'
