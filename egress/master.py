@@ -26,6 +26,7 @@ from egress.addons.stream_resets import StreamResetLimit
 from egress.addons.streaming import StreamUnsizedResponses
 from egress.addons.upgrades import ProtocolSwitches
 from egress.audit import DecisionLog
+from egress.debug_checks import skip_message_type_checks
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
 from egress.environments import EnvironmentRegistry
@@ -55,6 +56,7 @@ def build_master(
     HookDispatcher.install(m)  # hooks found once per event name, not per event
     install_trailer_refusal()  # HTTP/1 trailers: closed, not a crash and a hang (egress.h1_trailers)
     install_error_pages()  # mitmproxy's own 4xx/5xx: JSON, no version banner (egress.error_pages)
+    skip_message_type_checks()  # mitmproxy's debug-only checks, 5.8 % of the busy path (egress.debug_checks)
     # Which spec a client connection is held to: the one spec (--spec), or its environment's (--spec-dir).
     if isinstance(holder, EnvironmentRegistry):
         gate = EnvironmentGate(holder, None, log)
