@@ -29,6 +29,7 @@ from egress.audit import DecisionLog
 from egress.debug_checks import skip_message_type_checks
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
+from egress.early_answers import install_early_answers
 from egress.environments import EnvironmentRegistry
 from egress.error_pages import install_error_pages
 from egress.h1_trailers import install_trailer_refusal
@@ -56,6 +57,7 @@ def build_master(
     HookDispatcher.install(m)  # hooks found once per event name, not per event
     install_trailer_refusal()  # HTTP/1 trailers: closed, not a crash and a hang (egress.h1_trailers)
     install_error_pages()  # mitmproxy's own 4xx/5xx: JSON, no version banner (egress.error_pages)
+    install_early_answers()  # a refusal at the head of a large upload is answered (egress.early_answers)
     skip_message_type_checks()  # mitmproxy's debug-only checks, 5.8 % of the busy path (egress.debug_checks)
     # Which spec a client connection is held to: the one spec (--spec), or its environment's (--spec-dir).
     if isinstance(holder, EnvironmentRegistry):

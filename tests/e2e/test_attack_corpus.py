@@ -19,6 +19,7 @@ import secrets
 import socket
 import ssl
 import subprocess
+import time
 import uuid
 
 import h2.config
@@ -375,6 +376,95 @@ def test_h2_multiplexed_streams_each_checked_credential_only_on_its_own(lab, str
     assert [h["path"] for h in hits] == [path + "-ok"]
     assert dict(hits[0]["headers"])["Authorization"] == f"Bearer {CANARY_SECRET}"
     assert hits[0]["local"] == HOSTS["api.example.test"]
+
+
+# -- refusals of large uploads: answered at the head, the body goes nowhere --------------------------
+
+UPLOAD = 200_000  # over mitmproxy's stream_large_bodies (64 KiB): the body would stream
+# What an upload to a refused host may carry: requests written into the body must not be read as requests.
+SMUGGLED_IN_BODY = b"GET http://plain.test/smuggled-in-body HTTP/1.1\r\nHost: plain.test\r\n\r\n"
+
+
+def _upload_body() -> bytes:
+    return (SMUGGLED_IN_BODY * (UPLOAD // len(SMUGGLED_IN_BODY) + 1))[:UPLOAD]
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+@pytest.mark.parametrize("host, reason", [("other.test", "not_allowlisted"), ("127.0.0.1:7777", "loopback")])
+def test_large_upload_to_a_refused_host_is_answered_at_once(lab, strict, framing, host, reason):  # was a defect
+    """mitmproxy raised NotImplementedError (a refusal and a streamed body at once): no answer, the
+    client hung, and the log got tracebacks holding the first 64 KiB of the body."""
+    body = _upload_body()
+    if framing == "chunked":
+        head, payload = "Transfer-Encoding: chunked", f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    else:
+        head, payload = f"Content-Length: {len(body)}", body
+    before = len(strict.stdout() + strict.stderr())
+    start = time.monotonic()
+    answer = raw_request(lab, strict.port, f"POST http://{host}/up HTTP/1.1\r\nHost: {host}\r\n{head}\r\n\r\n".encode() + payload)
+    assert time.monotonic() - start < 3
+    assert status_and_reason(answer) == (403, reason)
+    assert b"Connection: close" in answer.partition(b"\r\n\r\n")[0]
+    assert not reached(lab, "/smuggled-in-body")
+    log = (strict.stdout() + strict.stderr())[before:]
+    assert "Traceback" not in log and "GET http://plain.test/smuggled" not in log, log[-2000:]
+
+
+def test_large_upload_with_curl_gets_the_403(lab, strict, tmp_path):
+    upload = tmp_path / "upload.bin"
+    upload.write_bytes(_upload_body() * 5)  # 1 MB: curl sends `Expect: 100-continue` for it
+    out = lab.exec(
+        "curl", "-sS", "--max-time", "10", "-x", strict.url, "--data-binary", f"@{upload}", "-o", "/dev/null",
+        "-w", "%{http_code}", "http://other.test/upload",
+    )  # fmt: skip
+    assert out.stdout == "403", out
+    status, _ = status_and_reason(raw_request(lab, strict.port, b"GET http://plain.test/after HTTP/1.1\r\nHost: plain.test\r\n\r\n"))
+    assert status == 200
+
+
+def test_large_upload_without_proxy_credentials_gets_the_407(lab, gateway):
+    answer = raw_request(
+        lab, gateway.port,
+        f"POST http://plain.test/up HTTP/1.1\r\nHost: plain.test\r\nContent-Length: {UPLOAD}\r\n\r\n".encode() + _upload_body(),
+    )  # fmt: skip
+    assert status_and_reason(answer) == (407, "proxy_auth_required")
+    assert not reached(lab, "/smuggled-in-body")
+
+
+def test_large_h2_upload_to_another_authority_in_a_tunnel_is_refused(lab, strict):
+    """HTTP/2 inside an intercepted tunnel: the stream is answered at its head (403), before its body."""
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", strict.port), timeout=10)
+    sock.sendall(b"CONNECT api.example.test:443 HTTP/1.1\r\nHost: api.example.test:443\r\n\r\n")
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    ctx = ssl.create_default_context(cafile=str(strict.ca))
+    ctx.set_alpn_protocols(["h2"])
+    tls = ctx.wrap_socket(sock, server_hostname="api.example.test")
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    path = marked_path()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "https"), (":path", path), (":authority", "other.test"),
+                          ("content-length", str(UPLOAD))])  # fmt: skip
+    for offset in range(0, 60_000, 15_000):  # within the initial window; the rest is never sent
+        conn.send_data(1, _upload_body()[offset : offset + 15_000])
+    tls.sendall(conn.data_to_send())
+    status, denied, ended = 0, "", False
+    try:
+        while not ended:
+            data = tls.recv(65536)
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    got = {k.decode(): v.decode() for k, v in event.headers}
+                    status, denied = int(got[":status"]), got.get("x-egress-denied", "")
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                    ended = True
+            tls.sendall(conn.data_to_send())
+    finally:
+        tls.close()
+    assert (status, denied) == (403, "host_mismatch")
+    assert not reached(lab, path)
 
 
 # -- proxy authentication (--spec-dir) -------------------------------------------------------------
