@@ -49,7 +49,7 @@ class DecisionLog:
         line["bytes_up"], line["bytes_down"] = bytes_up, bytes_down
         text = self._format(line)
         if self.fmt == "text":
-            text = f"closed   {method} {decision.host}:{port} bytes_up={bytes_up} bytes_down={bytes_down} client={client}"
+            text = f"closed   {method} {_shown(decision.host)}:{port} bytes_up={bytes_up} bytes_down={bytes_down} client={client}"
             if decision.environment:
                 text += f" environment={decision.environment}"
         self._write(text)
@@ -97,7 +97,7 @@ class DecisionLog:
         if self.fmt != "text":
             return json.dumps(line, separators=(",", ":"))
         text = (
-            f"{line['decision']:8} {line['method']} {line['host']}:{line['port']} rule={line['rule'] or '-'} "
+            f"{line['decision']:8} {line['method']} {_shown(line['host'])}:{line['port']} rule={line['rule'] or '-'} "
             f"reason={line['reason'] or '-'} client={line['client']}"
         )
         if line["environment"]:
@@ -109,6 +109,13 @@ class DecisionLog:
     def _write(self, text: str) -> None:
         self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def _shown(host: str) -> str:
+    """A host as the client named it, for a text line: a name the policy could not read (a
+    Host header is the client's text) may hold control characters (a terminal escape, a
+    bidi override), shown escaped as in Python, not written raw into the operator's log."""
+    return host if host.isascii() and host.isprintable() else ascii(host)[1:-1]
 
 
 _json_string = json.encoder.encode_basestring_ascii  # json.dumps of one str (ensure_ascii), in C
