@@ -159,6 +159,8 @@ def parse_pattern(text: object) -> DomainPattern:
         raise HostError("empty pattern")
     if stripped == "*":
         return DomainPattern(stripped, "any", "")
+    if (hint := _url_or_port_hint(stripped)) is not None:
+        raise HostError(f"{text!r}: {hint}")
     if stripped.startswith("*."):
         rest = stripped[2:]
         if "*" in rest:
@@ -175,6 +177,17 @@ def parse_pattern(text: object) -> DomainPattern:
     if "*" in stripped:
         raise HostError(f"{text!r}: use 'host', '*.host' or '*' ('*' must be a whole label)")
     return DomainPattern(stripped, "exact", normalize_host(stripped))
+
+
+def _url_or_port_hint(text: str) -> str | None:
+    """What to write instead of a URL or a host:port, the two mistakes copied from elsewhere."""
+    if "/" in text:
+        host = text.split("://", 1)[-1].split("/", 1)[0]
+        return f"a host name, not a URL: write {host!r}" if host else "a host name, not a URL or a path"
+    name, colon, port = text.rpartition(":")
+    if colon and port.isdigit() and name and ":" not in name and not name.startswith("["):
+        return f"a host name without a port: write {name!r} (an entry allows every port of its host)"
+    return None
 
 
 @dataclass

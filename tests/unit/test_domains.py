@@ -252,6 +252,13 @@ def test_parse_pattern_keeps_text_for_rule_label():
         ("*.", "empty"),
         ("a..b", "label"),
         ("a b.example", "label"),
+        # copied from a URL or a proxy config: says what to write instead
+        ("https://api.github.com/v3", "not a URL: write 'api.github.com'"),
+        ("pypi.org/simple", "not a URL: write 'pypi.org'"),
+        ("/etc/hosts", "not a URL or a path"),
+        ("api.github.com:443", "without a port: write 'api.github.com'"),
+        ("*.pythonhosted.org:443", "without a port: write '\\*.pythonhosted.org'"),
+        ("[::1]:443", "malformed IP literal"),
     ],
 )
 def test_parse_pattern_rejects(text, message):
