@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from egress import secrets
+from egress import secrets, yaml_events
 from egress.addresses import IPNetwork, cidr_problem
 from egress.domains import Allowlist, DomainPattern, HostError, parse_pattern
 
@@ -194,14 +194,21 @@ def _parse_syntax(text: str, source: str) -> Any:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise SpecError([f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg})"]) from None
+    # YAML 1.1 is a superset of JSON for everything a spec contains.
+    if (document := yaml_events.load(text, _YAML_LOADER)) is not yaml_events.FALLBACK:
+        return document  # a plain document, built without PyYAML's node tree
     try:
-        # YAML 1.1 is a superset of JSON for everything a spec contains.
         return yaml.load(text, Loader=_YAML_LOADER)  # a safe loader (C or Python)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or "syntax error"
         raise SpecError([f"{source}: {where}invalid YAML ({problem})"]) from None
+    except (ValueError, LookupError, AttributeError, TypeError) as exc:
+        # PyYAML's constructors raise plain exceptions, without a position, for a value
+        # its tag or form cannot hold: `!!bool x`, `0x_`, `2001-02-30`, `!!int ""`.
+        detail = f": {exc}" if isinstance(exc, ValueError) else ""
+        raise SpecError([f"{source}: invalid YAML (a value does not fit its YAML type{detail})"]) from None
 
 
 def _build(data: Any, problems: list[str], environ: dict[str, str] | None) -> Spec | None:
