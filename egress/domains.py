@@ -17,6 +17,11 @@ from typing import Literal
 # Matched with `fullmatch`: `$` would also match before a final newline, and let
 # `a\n.example.test` (a DNS label holding a newline) pass as a host name.
 _LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+# A name already in canonical form whose last label starts with a letter: never an IPv4
+# literal (inet_aton reads every part as a number), so `normalize_host` returns it as it
+# is. Most names are (allowlist entries, Host headers): one match instead of the whole
+# walk, about a quarter of a 100,000-entry spec's load time.
+_CANONICAL_NAME = re.compile(r"(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
 # UTS #46 deviation characters: IDNA2003 maps them (ß -> ss, ς -> σ) or drops them (ZWJ,
 # ZWNJ); IDNA2008 keeps them, so one written name would denote two domains.
 _IDNA_DEVIATIONS = frozenset("\u00df\u03c2\u200c\u200d")
@@ -40,6 +45,10 @@ def parse_ipv4_literal(text: str) -> ipaddress.IPv4Address | None:
         return None
     values = []
     for part in parts:
+        # int() also reads a sign, spaces and underscores (`0x-9`, `0x_7`): inet_aton reads
+        # none of them, and a negative part would make IPv4Address raise.
+        if not part.isalnum():
+            return None
         try:
             if part[:2].lower() == "0x":
                 values.append(int(part[2:], 16) if len(part) > 2 else 0)
@@ -88,6 +97,13 @@ def ip_text(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
 
 def normalize_host(raw: str) -> str:
     """Canonical form of a requested host name or IP literal; raises HostError."""
+    if isinstance(raw, str) and len(raw) <= 253 and _CANONICAL_NAME.fullmatch(raw):
+        return raw
+    return _normalize_in_full(raw)
+
+
+def _normalize_in_full(raw: str) -> str:
+    """`normalize_host` without the shortcut for already-canonical names (tests compare them)."""
     if not isinstance(raw, str) or not raw.strip():
         raise HostError("empty host")
     ip = parse_ip_literal(raw)

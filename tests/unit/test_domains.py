@@ -161,6 +161,14 @@ def test_parse_ipv4_literal(raw, expected):
         "example.com",
         "-1.2.3.4",
         "1.2.3.+4",
+        # int() reads signs, spaces and underscores inet_aton does not; `0x-9` raised
+        # AddressValueError out of normalize_host (found by a property test).
+        "0.0x-9",
+        "0x-1",
+        "0x+1",
+        "0x_7f.1",
+        "1_0.0.0.1",
+        "0x 7f.1",
         "",
     ],
 )

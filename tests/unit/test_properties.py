@@ -9,6 +9,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from egress import domains
 from egress.addresses import AddressClass, classify_address, forbidden_reason
 from egress.domains import Allowlist, HostError, normalize_host, parse_pattern
 from egress.spec import parse_spec
@@ -167,6 +168,27 @@ def test_normalize_is_idempotent(raw):
     assert normalize_host(once) == once
     assert once == once.lower()
     assert not once.endswith(".")
+
+
+# Names the shortcut in normalize_host may take, and near misses of it: numeric last
+# labels (IPv4 spellings), hex, hyphens at the edges, 63/64-character labels, over 253.
+shortcut_candidates = st.one_of(
+    hosts,
+    st.text(alphabet="ab09x-_.", max_size=40),
+    st.lists(st.text(alphabet="a0-", min_size=62, max_size=65), min_size=1, max_size=5).map(".".join),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(raw=shortcut_candidates)
+def test_the_canonical_name_shortcut_answers_as_the_full_walk(raw):
+    def outcome(fn):
+        try:
+            return fn(raw)
+        except HostError as exc:
+            return ("error", str(exc))
+
+    assert outcome(normalize_host) == outcome(domains._normalize_in_full)
 
 
 def _variants(host: str) -> list[str]:
