@@ -410,10 +410,17 @@ def run_hey(lab: BenchLab, url: str, conns: int, seconds: float, proxy: Proxy | 
     return LoadResult(rps, float(lat["50"]) * 1e3, float(lat["99"]) * 1e3, ok, errors, cpu)
 
 
+def py_spy_exe() -> str | None:
+    found = shutil.which("py-spy") or str(VENV_BIN / "py-spy")
+    return found if os.access(found, os.X_OK) else None
+
+
 @contextlib.contextmanager
 def py_spy(pid: int, seconds: float, out: Path):
     """Sample a running process with py-spy (collapsed stacks) while the body runs."""
-    exe = shutil.which("py-spy") or str(VENV_BIN / "py-spy")
+    exe = py_spy_exe()
+    if exe is None:
+        raise BenchError("py-spy not found: .venv/bin/pip install py-spy")
     proc = subprocess.Popen(
         [exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
          "--nonblocking", "--format", "raw", "--output", str(out)],

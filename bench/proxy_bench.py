@@ -753,6 +753,11 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("proxy_bench: needs root (network namespaces)", file=sys.stderr)
         return 2
+    if "profiles" in args.sections and benchlab.py_spy_exe() is None:
+        # Checked before measuring: the profiles come after ten minutes of throughput runs.
+        print("proxy_bench: py-spy not found (.venv/bin/pip install py-spy), or leave out the profiles section",
+              file=sys.stderr)  # fmt: skip
+        return 2
     t_start = time.monotonic()
     busy0 = _busy_seconds()
     started = {"load": " / ".join(f"{x:.2f}" for x in os.getloadavg())}

@@ -15,12 +15,19 @@ run as for any answer an addon sets, the rest of the body is read and dropped (n
 buffered, never sent anywhere), and over HTTP/1 the connection is closed once the body
 has ended (`Connection: close`), so nothing of it can be read as a next request.
 `--header-timeout` bounds a client that keeps sending. A deliberate patch, installed once.
+
+`NoContinueForRefusals` sends the same early answer to a request that asked
+`Expect: 100-continue`: mitmproxy answers `100 Continue` right after `requestheaders`,
+refused or not, so the client sent its whole body only to be refused at its end. A
+refused request gets its final answer instead of the `100` (RFC 9110 §10.1.1), and the
+client keeps the body.
 """
 
 from __future__ import annotations
 
 import time
 
+from mitmproxy import http
 from mitmproxy.proxy.layers import http as http_layers
 
 _installed = False
@@ -52,3 +59,15 @@ def install_early_answers() -> None:
         yield from self.flow_done()
 
     stream_class.start_request_stream = start_request_stream  # type: ignore[method-assign]
+
+
+class NoContinueForRefusals:
+    """Runs after every addon that may refuse at `requestheaders` (added last)."""
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is None or flow.request.headers.get("expect", "").lower() != "100-continue":
+            return
+        # Without the header mitmproxy sends no `100`; streaming sends the answer at once
+        # (start_request_stream above) and drops whatever body still comes.
+        del flow.request.headers["expect"]
+        flow.request.stream = True

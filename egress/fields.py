@@ -19,6 +19,11 @@ host than the one checked (domain fronting past the Host check). A red-team find
 A CONNECT target too: mitmproxy reads its port with a Unicode `\\d`, so
 `CONNECT plain.test:<U+0668><U+0660>` (Arabic-Indic "80") opened a tunnel to port 80.
 
+An HTTP/2 request's `content-length` must equal the DATA it carries (RFC 9113 §8.1.1).
+The h2 library checks DATA frames against it, but not a HEADERS frame that ends the
+stream: `content-length: 10` with no body went upstream as an HTTP/1 request whose
+server then waited for ten bytes, holding the client's stream until the read timeout.
+
 Pure functions; the guard answers 400 with the problem (`egress.refusals.bad_request`).
 """
 
@@ -58,3 +63,12 @@ def connect_target_problem(authority: bytes) -> str | None:
 
 _XN_FORM = "an internationalised name is sent as its xn-- form (RFC 9110 section 7.2, RFC 5890)"
 _NOT_ASCII = f"not ASCII; {_XN_FORM}"
+
+
+def declared_length_problem(declared: str | None, received: int) -> str | None:
+    """Why a complete HTTP/2 or /3 body disagrees with its `content-length`, or None."""
+    if declared is None:
+        return None
+    if not declared.isascii() or not declared.isdigit() or int(declared) != received:
+        return f"header 'content-length' does not match the {received}-byte body (RFC 9113 section 8.1.1)"
+    return None

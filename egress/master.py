@@ -29,7 +29,7 @@ from egress.audit import DecisionLog
 from egress.debug_checks import skip_message_type_checks
 from egress.destinations import DestinationChecker
 from egress.dispatch import HookDispatcher
-from egress.early_answers import install_early_answers
+from egress.early_answers import NoContinueForRefusals, install_early_answers
 from egress.environments import EnvironmentRegistry
 from egress.error_pages import install_error_pages
 from egress.h1_trailers import install_trailer_refusal
@@ -87,6 +87,9 @@ def build_master(
         fail_closed(ConnectionLimits()),
         # HTTP/2 rapid reset (CVE-2023-44487): a connection that keeps cancelling streams is closed.
         fail_closed(StreamResetLimit()),
+        # Last of the requestheaders hooks that refuse: a refused `Expect: 100-continue`
+        # request gets its answer instead of `100 Continue` (egress.early_answers).
+        fail_closed(NoContinueForRefusals()),
         Timings(),
         SpecReloader(holder),
         readiness,

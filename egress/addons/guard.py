@@ -49,7 +49,7 @@ from egress.addresses import IPAddress
 from egress.audit import DecisionLog
 from egress.destinations import DestinationChecker
 from egress.domains import HostError, normalize_host
-from egress.fields import connect_target_problem, field_value_problem, host_field_problem
+from egress.fields import connect_target_problem, declared_length_problem, field_value_problem, host_field_problem
 from egress.parent_proxy import ParentProxy
 from egress.relay import Side
 from egress.request_target import request_target_problem
@@ -195,6 +195,15 @@ class DestinationGuard:
                 decision, client=_client_label(flow.client_conn), port=flow.request.port, method=flow.request.method
             )
         # Allowed requests are logged by the credential injector, which knows what it added.
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        request = flow.request
+        # HTTP/1 frames a body by its content-length; HTTP/2 and /3 carry it beside the
+        # frames, and the upstream (HTTP/1 or 2) would frame by the header (egress.fields).
+        if flow.response is not None or not (request.is_http2 or request.is_http3) or request.raw_content is None:
+            return
+        if (problem := declared_length_problem(request.headers.get("content-length"), len(request.raw_content))) is not None:
+            flow.response = refusals.bad_request(problem)
 
     async def _check_request(self, flow: http.HTTPFlow) -> policy.Decision:
         request = flow.request

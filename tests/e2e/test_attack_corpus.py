@@ -378,6 +378,19 @@ def test_h2_multiplexed_streams_each_checked_credential_only_on_its_own(lab, str
     assert hits[0]["local"] == HOSTS["api.example.test"]
 
 
+def test_h2_content_length_without_the_body_is_refused_at_once(lab, strict):  # was a defect
+    """HEADERS with END_STREAM and `content-length: 10` (RFC 9113 8.1.1: malformed): the h2 library checks
+    DATA frames only, so it went upstream as an HTTP/1 request whose server waited for ten bytes that never
+    came, holding the stream until the read timeout (120 s). A matching length (0) still goes through."""
+    path = marked_path()
+    start = time.monotonic()
+    post = [(":method", "POST"), (":scheme", "https"), (":path", path), (":authority", "api.example.test")]
+    result = _h2_streams(lab, strict, [[*post, ("content-length", "10")], [*post, ("content-length", "0")]])
+    assert time.monotonic() - start < 5
+    assert result == {1: (400, ""), 3: (200, "")}, result
+    assert len(reached(lab, path)) == 1
+
+
 # -- refusals of large uploads: answered at the head, the body goes nowhere --------------------------
 
 UPLOAD = 200_000  # over mitmproxy's stream_large_bodies (64 KiB): the body would stream
@@ -420,6 +433,50 @@ def test_large_upload_with_curl_gets_the_403(lab, strict, tmp_path):
     assert out.stdout == "403", out
     status, _ = status_and_reason(raw_request(lab, strict.port, b"GET http://plain.test/after HTTP/1.1\r\nHost: plain.test\r\n\r\n"))
     assert status == 200
+
+
+def _answer_to_head(lab: Lab, port: int, head: bytes) -> tuple[bytes, float, socket.socket]:
+    """Send only a request's head, as a client waiting for `100 Continue` does: the first answer's head."""
+    with in_netns(lab.proxy_ns):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=8)
+    start = time.monotonic()
+    sock.sendall(head)
+    out = b""
+    while b"\r\n\r\n" not in out:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out, time.monotonic() - start, sock
+
+
+@pytest.mark.parametrize(
+    "proxy, host, status, reason",
+    [("strict", "other.test", 403, "not_allowlisted"), ("strict", "127.0.0.1:7777", 403, "loopback"),
+     ("gateway", "plain.test", 407, "proxy_auth_required")],
+)  # fmt: skip
+def test_a_refused_expect_100_continue_request_gets_its_answer_not_100(lab, request, proxy, host, status, reason):  # was a defect
+    """mitmproxy answered `100 Continue` to a refused request: the client sent its whole body to be refused."""
+    port = request.getfixturevalue(proxy).port
+    head = f"POST http://{host}/expect HTTP/1.1\r\nHost: {host}\r\nExpect: 100-continue\r\nContent-Length: 20\r\n\r\n"
+    answer, took, sock = _answer_to_head(lab, port, head.encode())
+    sock.close()
+    assert took < 3 and status_and_reason(answer) == (status, reason), answer[:200]
+    assert b"Connection: close" in answer.partition(b"\r\n\r\n")[0]
+
+
+def test_an_allowed_expect_100_continue_request_still_gets_100_then_its_answer(lab, strict):
+    path = marked_path()
+    head = f"POST http://plain.test{path} HTTP/1.1\r\nHost: plain.test\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+    answer, _, sock = _answer_to_head(lab, strict.port, head.encode())
+    try:
+        assert answer.startswith(b"HTTP/1.1 100"), answer[:200]
+        sock.sendall(b"hello")
+        rest = sock.recv(65536)
+        assert rest.startswith(b"HTTP/1.1 200"), rest[:200]
+    finally:
+        sock.close()
+    assert len(reached(lab, path)) == 1
 
 
 def test_large_upload_without_proxy_credentials_gets_the_407(lab, gateway):

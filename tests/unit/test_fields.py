@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from egress.fields import connect_target_problem, field_value_problem, host_field_problem
+from egress.fields import connect_target_problem, declared_length_problem, field_value_problem, host_field_problem
 
 
 @pytest.mark.parametrize(
@@ -56,3 +56,14 @@ def test_a_connect_target_that_is_not_ascii_is_a_problem(authority):
 @pytest.mark.parametrize("authority", [b"plain.test:80", b"[::1]:443", b"xn--pathrough-eza.test:443"])
 def test_an_ascii_connect_target_is_left_to_the_destination_check(authority):
     assert connect_target_problem(authority) is None
+
+
+@pytest.mark.parametrize("declared, received", [(None, 0), (None, 5), ("0", 0), ("10", 10)])
+def test_a_content_length_that_matches_the_body_or_none_is_fine(declared, received):
+    assert declared_length_problem(declared, received) is None
+
+
+@pytest.mark.parametrize("declared, received", [("10", 0), ("0", 3), ("10, 10", 10), ("+10", 10), ("\u0661\u0660", 10), ("", 0), ("-1", 0)])
+def test_a_content_length_that_disagrees_with_the_body_is_a_problem(declared, received):
+    problem = declared_length_problem(declared, received)
+    assert problem is not None and f"{received}-byte body" in problem
