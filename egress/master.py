@@ -13,6 +13,7 @@ from mitmproxy import master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
 from egress.addons import dns_layer
+from egress.addons.collector import PacedCollection
 from egress.addons.dns_filter import DnsFilter
 from egress.addons.environment_gate import ALLOWS_NOTHING, EnvironmentGate
 from egress.addons.failsafe import fail_closed, fail_closed_call, fault_injected
@@ -91,6 +92,9 @@ def build_master(
         # request gets its answer instead of `100 Continue` (egress.early_answers).
         fail_closed(NoContinueForRefusals()),
         Timings(),
+        # Frees what finished flows and closed connections leave in reference cycles (OpenSSL
+        # buffers among it) every second or so, not after hundreds of connections (collector.py).
+        PacedCollection(),
         SpecReloader(holder),
         readiness,
     )
