@@ -3,7 +3,7 @@
 mitmproxy's addon manager catches an exception raised by a hook, logs it and
 carries on with the flow, so a check that crashes would let its request through
 unchecked. `fail_closed(addon)` wraps every event hook of one of our addons
-(at registration, in `egress.master`) so that instead
+(at registration, in `egress.mitm.master`) so that instead
 
 - request-phase hooks (`http_connect`, `requestheaders`, `request`) answer
   403 with reason `internal_error` (our extension of SPEC §3's reason codes);
@@ -40,8 +40,9 @@ from mitmproxy import connection, dns, exceptions, hooks, http, tls
 from mitmproxy.proxy import layer, server_hooks
 from prometheus_client import Counter
 
-from egress import policy, refusals
 from egress.addons.tunnel import RefuseLayer
+from egress.mitm import refusals
+from egress.policy import decisions as policy
 
 logger = logging.getLogger(__name__)
 

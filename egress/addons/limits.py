@@ -35,7 +35,8 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 from prometheus_client import Counter
 
-from egress import metrics, refusals
+from egress.mitm import refusals
+from egress.ops import metrics
 
 logger = logging.getLogger(__name__)
 
