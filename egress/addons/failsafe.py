@@ -38,19 +38,15 @@ from typing import Any
 import mitmproxy.proxy.layers  # noqa: F401  (registers the HTTP/TLS/TCP hooks in `hooks.all_hooks`)
 from mitmproxy import connection, dns, exceptions, hooks, http, tls
 from mitmproxy.proxy import layer, server_hooks
-from prometheus_client import Counter
 
 from egress.addons.tunnel import RefuseLayer
 from egress.mitm import refusals
+from egress.ops import metrics
 from egress.policy import decisions as policy
 
 logger = logging.getLogger(__name__)
 
-INTERNAL_ERRORS = Counter(
-    "egress_internal_errors",
-    "Exceptions raised inside the proxy's own hooks; each one refused what it was deciding on.",
-    ["hook"],
-)
+INTERNAL_ERRORS = metrics.INTERNAL_ERRORS
 TEST_FAULT_ENV = "EGRESS_TEST_FAULT"
 
 _REQUEST_HOOKS = frozenset({"http_connect", "requestheaders", "request", "http_connect_upstream"})

@@ -31,6 +31,15 @@ from mitmproxy import dns
 from egress.policy import decisions as policy
 from egress.policy.addresses import IPAddress
 from egress.policy.domains import HostError, is_loopback_name, normalize_host
+from egress.policy.reasons import (  # noqa: F401  (callers read them from here too)
+    BAD_EDNS,
+    DNS_REASONS,
+    HTTPS_RECORD,
+    MALFORMED,
+    QTYPE_NOT_SERVED,
+    REVERSE_LOOKUP,
+    UNSUPPORTED,
+)
 from egress.policy.spec import Spec
 
 # Query types (RFC 1035, 3596, 9460) and classes.
@@ -49,15 +58,6 @@ QTYPE_LABELS = {
 }  # fmt: skip
 OTHER_QTYPE = "other"
 
-# DNS-only reason codes (beside policy's not_allowlisted, loopback, forbidden_address,
-# proxy_self, resolve_failed, internal_error).
-MALFORMED = "malformed"  # unparsable, QDCOUNT != 1, a response sent to us: FORMERR or dropped
-UNSUPPORTED = "unsupported"  # opcode other than QUERY, class other than IN, zone transfers: REFUSED
-BAD_EDNS = "bad_edns"  # EDNS version we do not speak: BADVERS (RFC 6891)
-HTTPS_RECORD = "https_record"  # HTTPS/SVCB of an allowlisted name: NODATA
-REVERSE_LOOKUP = "reverse_lookup"  # PTR: NXDOMAIN, never forwarded
-QTYPE_NOT_SERVED = "qtype_not_served"  # TXT, MX, ANY, ... of an allowlisted name: NODATA
-DNS_REASONS = (MALFORMED, UNSUPPORTED, BAD_EDNS, HTTPS_RECORD, REVERSE_LOOKUP, QTYPE_NOT_SERVED)
 
 MIN_UDP_PAYLOAD = 512  # RFC 1035: without EDNS, and the floor with it (RFC 6891 6.2.5)
 OUR_UDP_PAYLOAD = 1232  # what we advertise (DNS flag day 2020)

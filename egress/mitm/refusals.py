@@ -35,10 +35,9 @@ from mitmproxy.net.http import http1
 
 from egress.net import upstream
 from egress.policy import decisions as policy
+from egress.policy.reasons import CONNECTION_LIMIT, READ_TIMEOUT
 from egress.wire import proxy_auth
 
-CONNECTION_LIMIT = "connection_limit"  # 429: --max-connections-per-environment reached
-READ_TIMEOUT = "read_timeout"  # 504: the upstream did not start its answer within --read-timeout
 MAX_HOST = 255
 
 

@@ -15,11 +15,9 @@ import socket
 from egress.net import parent_proxy
 from egress.net.relay import Side
 from egress.policy.addresses import IPAddress
+from egress.policy.reasons import UPSTREAM_REASONS, UPSTREAM_REFUSED, UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE
 
-UPSTREAM_REFUSED = "upstream_refused"
-UPSTREAM_UNREACHABLE = "upstream_unreachable"
-UPSTREAM_TIMEOUT = "upstream_timeout"
-REASONS = (UPSTREAM_REFUSED, UPSTREAM_UNREACHABLE, UPSTREAM_TIMEOUT)
+REASONS = UPSTREAM_REASONS
 STATUS = {UPSTREAM_REFUSED: 502, UPSTREAM_UNREACHABLE: 502, UPSTREAM_TIMEOUT: 504}
 _REFUSED_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE}
 

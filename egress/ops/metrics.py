@@ -107,3 +107,21 @@ def init_labels() -> None:
         CONFIG_RELOADS.labels(result)
     for reason in ("upstream_refused", "upstream_unreachable", "upstream_timeout"):
         UPSTREAM_ERRORS.labels(reason)
+
+INTERNAL_ERRORS = Counter(
+    "egress_internal_errors",
+    "Exceptions raised inside the proxy's own hooks; each one refused what it was deciding on.",
+    ["hook"],
+)
+
+CONNECTIONS_REFUSED = Counter(
+    "egress_connections_refused",
+    "Client connections refused at accept because a connection limit was reached.",
+    ["limit"],
+)
+
+CONNECTIONS_CLOSED = Counter(
+    "egress_connections_closed",
+    "Client connections the proxy closed for abusing HTTP/2 (h2_resets: rapid reset; h2_control_flood: PING/SETTINGS flood).",
+    ["reason"],
+)

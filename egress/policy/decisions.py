@@ -13,39 +13,22 @@ from dataclasses import dataclass
 
 from egress.policy.addresses import IPAddress, embedded_ipv4, forbidden_reason
 from egress.policy.domains import HostError, is_loopback_name, normalize_host, parse_ip_literal
-from egress.policy.spec import AllowlistEntry, Spec
-
-NOT_ALLOWLISTED = "not_allowlisted"
-LOOPBACK = "loopback"
-FORBIDDEN_ADDRESS = "forbidden_address"
-RESOLVE_FAILED = "resolve_failed"
-HOST_MISMATCH = "host_mismatch"
-PLAINTEXT_CREDENTIALS = "plaintext_credentials"
-# TRACE (and IIS's TRACK) ask the server to echo the request it received: with a
-# transform, the echo carries the injected credential back to the sandbox.
-TRACE_CREDENTIALS = "trace_credentials"
-PROXY_SELF = "proxy_self"
-NO_SNI = "no_sni"
-INTERNAL_ERROR = "internal_error"
-# `--spec-dir`: the client did not prove an environment (no, wrong or unknown credentials).
-PROXY_AUTH_REQUIRED = "proxy_auth_required"
-REASONS = (
-    NOT_ALLOWLISTED,
-    LOOPBACK,
+from egress.policy.reasons import (  # noqa: F401  (callers read them from here too)
     FORBIDDEN_ADDRESS,
-    RESOLVE_FAILED,
     HOST_MISMATCH,
-    PLAINTEXT_CREDENTIALS,
-    TRACE_CREDENTIALS,
-    PROXY_SELF,
-    NO_SNI,
     INTERNAL_ERROR,
+    LOOPBACK,
+    NEVER_REPORTED,
+    NO_SNI,
+    NOT_ALLOWLISTED,
+    PLAINTEXT_CREDENTIALS,
     PROXY_AUTH_REQUIRED,
+    PROXY_SELF,
+    REASONS,
+    RESOLVE_FAILED,
+    TRACE_CREDENTIALS,
 )
-# Report mode lets would-be blocks pass, except these: the sandbox must never reach
-# the machine it runs on or the proxy itself, not even while a policy is being trialled,
-# and a name that did not resolve has no address to let anything pass to.
-NEVER_REPORTED = frozenset({LOOPBACK, PROXY_SELF, RESOLVE_FAILED})
+from egress.policy.spec import AllowlistEntry, Spec
 
 
 @dataclass(frozen=True)
