@@ -246,9 +246,9 @@ class DestinationGuard:
             if not decision.allowed:
                 return decision
             state.pin(decision.host, request.port, address)
-        if decision.transform and request.scheme != "https":
+        if decision.injects and request.scheme != "https":
             return policy.with_reason(spec, decision, policy.PLAINTEXT_CREDENTIALS)
-        if decision.transform and policy.echoes_request(request.method):
+        if decision.injects and policy.echoes_request(request.method):
             # The server's answer to TRACE is the request as it arrived, injected header
             # and all: the sandbox would read the secret (a red-team find).
             return policy.with_reason(spec, decision, policy.TRACE_CREDENTIALS)
@@ -352,7 +352,7 @@ class DestinationGuard:
             decision = policy.with_reason(self.checker.spec_for(context.client.id), tunnel.decision, policy.HOST_MISMATCH)
             self.log.record(decision, client=client, port=tunnel.port, method="TLS", kind="tunnel")
             return
-        if tunnel.decision.transform:
+        if tunnel.decision.intercepted:
             return  # intercepted: mitmproxy's TLS layers come next
         self.log.record(tunnel.decision, client=client, port=tunnel.port, method="CONNECT", kind="tunnel")
         self._pass_through(nextlayer, tunnel, "CONNECT")
@@ -380,7 +380,7 @@ class DestinationGuard:
         # address the client connected to: SNI `allowed.test` sent to another IP reaches
         # allowed.test. The upstream TLS handshake still uses the client's SNI.
         server.address = (decision.host, port)
-        if decision.transform:
+        if decision.intercepted:
             return
         if can_take_over(context):
             try:

@@ -60,6 +60,14 @@ class Decision:
     def transform(self):
         return self.entry.transform if self.entry and not self.reason else {}
 
+    @property
+    def injects(self) -> bool:
+        return bool(self.entry and not self.reason and self.entry.injects)
+
+    @property
+    def intercepted(self) -> bool:
+        return bool(self.entry and not self.reason and self.entry.intercepted)
+
 
 def _finish(spec: Spec, host: str, reason: str, entry: AllowlistEntry | None = None) -> Decision:
     reported = bool(reason) and spec.mode == "report" and reason not in NEVER_REPORTED

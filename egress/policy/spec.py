@@ -62,6 +62,16 @@ class AllowlistEntry:
     def rule(self) -> str:
         return self.pattern.text
 
+    @property
+    def injects(self) -> bool:
+        """Puts a secret on the wire: its requests must be TLS the proxy originates."""
+        return bool(self.transform)
+
+    @property
+    def intercepted(self) -> bool:
+        """The proxy terminates the client's TLS for this entry (the client trusts the CA)."""
+        return self.injects
+
 
 @dataclass(frozen=True)
 class Spec:
