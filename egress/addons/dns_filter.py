@@ -10,7 +10,7 @@ one, NODATA, PTR, localhost, FORMERR, an allowlisted name whose resolver answer 
 cached, egress/dns/cache.py) is answered by the first half alone; one that needs the
 resolver or a forward is finished by the hook. Every query gets an answer from here;
 nothing else in the process talks to a resolver on the sandbox's behalf
-(egress/addons/dns_layer.py).
+(egress/mitm/patches/dns_listener.py).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from collections.abc import Callable
 
 from mitmproxy import dns
 
-from egress.addons.dns_layer import DROP_KEY, RAW, UNPARSED, WIRE_KEY
 from egress.dns import fast as dns_fast
 from egress.dns import policy as dp
 from egress.dns import wire as dns_wire
 from egress.dns.answer_memo import AnswerMemo
 from egress.dns.cache import AddressCache
 from egress.dns.forward import forward, system_nameserver
+from egress.mitm.patches.dns_listener import DROP_KEY, RAW, UNPARSED, WIRE_KEY
 from egress.net.resolver import ResolveError, resolve_family
 from egress.ops.audit import DecisionLog
 from egress.policy.addresses import IPAddress
@@ -73,7 +73,7 @@ class DnsFilter:
     def answer_now(self, flow: dns.DNSFlow) -> bool:
         """Decide and, where no I/O is needed, answer: True when done (answer or drop in `flow.metadata`).
 
-        The DNS layer calls this for every query before any hook (egress/addons/dns_layer.py):
+        The DNS layer calls this for every query before any hook (egress/mitm/patches/dns_listener.py):
         blocked names, NODATA, PTR, localhost, FORMERR and cached allowlisted addresses
         are answered here, in the datagram's own event, without a hook task. False: the
         query needs the resolver (or, report mode, a forward); what was decided is left

@@ -117,7 +117,7 @@ def _refuse(hook: str, data: Any) -> str:
         data.server.error = f"egress: {policy.INTERNAL_ERROR}"
         return "upstream connection refused"
     elif isinstance(data, dns.DNSFlow) and hook == "dns_request":
-        data.response = None  # the DNS layer answers SERVFAIL (egress/addons/dns_layer.py)
+        data.response = None  # the DNS layer answers SERVFAIL (egress/mitm/patches/dns_listener.py)
         data.metadata.clear()
         return "query answered SERVFAIL"
     elif isinstance(data, connection.Client) and hook == "client_connected":

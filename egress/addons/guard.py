@@ -36,15 +36,10 @@ from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
 from mitmproxy.proxy.layers.http import HTTPMode
 from mitmproxy.proxy.layers.tls import HTTP_ALPNS
 
-from egress.addons.tunnel import (
-    RefuseLayer,
-    RelayLayer,
-    can_take_over,
-    connecting_to,
-    hand_to_mitmproxy,
-    install_connect_handoff,
-)
+from egress.addons.tunnel import RefuseLayer, RelayLayer, can_take_over
 from egress.mitm import refusals
+from egress.mitm.patches import connect_handoff
+from egress.mitm.patches.connect_handoff import connecting_to, hand_to_mitmproxy
 from egress.net import upstream
 from egress.net.destinations import DestinationChecker
 from egress.net.parent_proxy import ParentProxy
@@ -143,7 +138,7 @@ class DestinationGuard:
         self._dialing: dict[str, tuple[str, int]] = {}
 
     def load(self, loader) -> None:
-        install_connect_handoff(self.parent)
+        connect_handoff.use_parent(self.parent)
 
     def _state(self, client: connection.Client) -> ClientState:
         return self.clients.setdefault(client.id, ClientState())

@@ -17,7 +17,7 @@ Hook by hook:
                         mitmproxy only reports a lost upstream as 502).
 
 mitmproxy 12 reads HTTP/1 heads without a size limit (`_http1.py`: "FIXME: protect
-against header size DoS"); `install_head_limit` bounds them at
+against header size DoS"); `egress.mitm.patches.head_limit` bounds them at
 `egress_max_header_bytes`: 431 to the client, 502 for an upstream's response head.
 """
 
@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from dataclasses import dataclass
 
 from mitmproxy import connection, ctx, exceptions, http, tls
-from mitmproxy.proxy import commands, events, layer, mode_specs
-from mitmproxy.proxy.layers.http import _http1
-from mitmproxy.proxy.layers.http._base import ReceiveHttp
-from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
+from mitmproxy.proxy import events, layer, mode_specs
 
 from egress.mitm import refusals
+from egress.mitm.patches import head_limit
 from egress.ops import metrics
 
 logger = logging.getLogger(__name__)
@@ -83,13 +80,12 @@ class ConnectionLimits:
             "egress_max_header_bytes", int, 65536,
             "Largest HTTP/1 request or response head (request line and headers) in bytes: 431 to the client.",
         )  # fmt: skip
-        install_head_limit()
 
     def configure(self, updated: set[str]) -> None:
         if "egress_max_header_bytes" in updated:
             if ctx.options.egress_max_header_bytes < 1:  # 0 or less would refuse every request with 431
                 raise exceptions.OptionsError("egress_max_header_bytes must be at least 1")
-            _HeadLimit.max_bytes = ctx.options.egress_max_header_bytes
+            head_limit.settings.max_bytes = ctx.options.egress_max_header_bytes
 
     # -- connection caps and the request-head deadline -----------------------------
     def client_connected(self, client: connection.Client) -> None:
@@ -240,51 +236,3 @@ def _cancel_transport(client: connection.Client, conn: connection.Connection, re
     io = handler.transports.get(conn) if handler is not None else None
     if io is not None and io.handler is not None:
         io.handler.cancel(reason)
-
-
-class _HeadLimit:
-    max_bytes = 65536
-    installed = False
-
-
-_HEAD_END = re.compile(rb"\n\r?\n")  # h11's blank line, which ends a head
-
-
-def _head_over_limit(buffered: bytes | bytearray, limit: int) -> bool:
-    """True when more than `limit` bytes wait and no head ends within the first `limit` of
-    them. A head that arrived complete in one read counts too: checking only a head still
-    incomplete let a 70 KB head sent at once through (a red-team find)."""
-    return len(buffered) > limit and _HEAD_END.search(bytes(buffered), 0, limit) is None
-
-
-def install_head_limit() -> None:
-    """Bound the HTTP/1 heads mitmproxy reads (it has buffered what arrived when this runs)."""
-    if _HeadLimit.installed:
-        return
-    _HeadLimit.installed = True
-    server_read, client_read = _http1.Http1Server.read_headers, _http1.Http1Client.read_headers
-
-    def server_read_headers(self, event):
-        if isinstance(event, events.DataReceived) and _head_over_limit(self.buf, _HeadLimit.max_bytes):
-            yield commands.Log(f"request head over {_HeadLimit.max_bytes} bytes: 431", logging.INFO)
-            yield commands.SendData(self.conn, refusals.head_too_large())
-            yield commands.CloseConnection(self.conn)
-            self.state = self.done
-            return
-        yield from server_read(self, event)
-
-    def client_read_headers(self, event):
-        if isinstance(event, events.DataReceived) and self.stream_id and _head_over_limit(self.buf, _HeadLimit.max_bytes):
-            yield commands.CloseConnection(self.conn)
-            yield ReceiveHttp(
-                ResponseProtocolError(
-                    self.stream_id, f"response head over {_HeadLimit.max_bytes} bytes", ErrorCode.GENERIC_SERVER_ERROR
-                )
-            )
-            self.state = self.done
-            return
-        yield from client_read(self, event)
-
-    # Deliberate patches of mitmproxy 12.3.1 (see the module docstring).
-    _http1.Http1Server.read_headers = server_read_headers  # type: ignore[method-assign]
-    _http1.Http1Client.read_headers = client_read_headers  # type: ignore[method-assign]

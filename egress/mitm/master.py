@@ -12,7 +12,6 @@ from pathlib import Path
 from mitmproxy import master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
-from egress.addons import dns_layer
 from egress.addons.dns_filter import DnsFilter
 from egress.addons.environment_gate import ALLOWS_NOTHING, EnvironmentGate
 from egress.addons.failsafe import fail_closed, fail_closed_call, fault_injected
@@ -28,11 +27,10 @@ from egress.addons.timings import Timings
 from egress.addons.upgrades import ProtocolSwitches
 from egress.environments.registry import EnvironmentRegistry
 from egress.environments.single import SpecHolder
+from egress.mitm import patches
 from egress.mitm.event_cache import HookDispatcher
-from egress.mitm.patches.debug_checks import skip_message_type_checks
-from egress.mitm.patches.early_answers import NoContinueForRefusals, install_early_answers
-from egress.mitm.patches.error_pages import install_error_pages
-from egress.mitm.patches.h1_trailers import install_trailer_refusal
+from egress.mitm.patches import dns_listener
+from egress.mitm.patches.early_answers import NoContinueForRefusals
 from egress.net.destinations import DestinationChecker
 from egress.net.parent_proxy import ParentProxy
 from egress.net.resolver import LocalAddresses
@@ -56,10 +54,7 @@ def build_master(
     opts = options.Options()
     m = master.Master(opts, with_termlog=True)
     HookDispatcher.install(m)  # hooks found once per event name, not per event
-    install_trailer_refusal()  # HTTP/1 trailers: closed, not a crash and a hang (egress.mitm.patches.h1_trailers)
-    install_error_pages()  # mitmproxy's own 4xx/5xx: JSON, no version banner (egress.mitm.patches.error_pages)
-    install_early_answers()  # a refusal at the head of a large upload is answered (egress.mitm.patches.early_answers)
-    skip_message_type_checks()  # mitmproxy's debug-only checks, 5.8 % of the busy path (egress.mitm.patches.debug_checks)
+    patches.install_all()  # every change to mitmproxy internals (egress/mitm/patches/)
     # Which spec a client connection is held to: the one spec (--spec), or its environment's (--spec-dir).
     if isinstance(holder, EnvironmentRegistry):
         gate = EnvironmentGate(holder, None, log)
@@ -108,7 +103,7 @@ def build_master(
         # The fast path is left out while a test fault is set for the hook: that must
         # show the full path failing closed, and the fast path falls back to it anyway.
         fast = None if fault_injected("DnsFilter", "dns_request") else dns_filter.answer_datagram
-        dns_layer.install(fail_closed_call("DnsFilter", "dns_request", dns_filter.answer_now), fast)
+        dns_listener.serve_with(fail_closed_call("DnsFilter", "dns_request", dns_filter.answer_now), fast)
     settings: dict[str, object] = dict(
         listen_host=listen_host,
         listen_port=listen_port,

@@ -15,9 +15,9 @@ from mitmproxy.test import tflow
 
 from egress.addons import failsafe
 from egress.addons.dns_filter import DnsFilter
-from egress.addons.dns_layer import DROP_KEY, WIRE_KEY, parse
 from egress.dns import policy as dp
 from egress.dns.cache import AddressCache
+from egress.mitm.patches.dns_listener import DROP_KEY, WIRE_KEY, parse
 from egress.ops.audit import DecisionLog
 
 ip = ipaddress.ip_address

@@ -21,11 +21,11 @@ import struct
 import pytest
 from mitmproxy import connection, dns
 
-from egress.addons import dns_layer
 from egress.addons.dns_filter import DnsFilter, read_query
 from egress.dns import fast as dns_fast
 from egress.dns import policy as dp
 from egress.dns.cache import AddressCache, Entry
+from egress.mitm.patches import dns_listener as dns_layer
 from egress.ops.audit import DecisionLog
 from egress.policy.spec import parse_spec
 

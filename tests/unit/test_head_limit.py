@@ -1,4 +1,4 @@
-"""egress.addons.limits._head_over_limit: the HTTP/1 head bound, complete heads included.
+"""egress.mitm.patches.head_limit._head_over_limit: the HTTP/1 head bound, complete heads included.
 
 The end-to-end versions are tests/e2e/test_reliability.py::test_oversized_request_head_gets_431
 (a head still incomplete) and tests/e2e/test_attack_corpus.py (`head-over-64k`: a complete
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from egress.addons.limits import _head_over_limit
+from egress.mitm.patches.head_limit import _head_over_limit
 
 LIMIT = 100
 

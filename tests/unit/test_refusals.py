@@ -181,7 +181,8 @@ def test_the_detail_is_bounded():
 def test_error_pages_replace_mitmproxys_own():
     from mitmproxy.proxy.layers.http import _http1, _http2
 
-    from egress.mitm.patches.error_pages import SERVER, install_error_pages
+    from egress.mitm.patches.error_pages import SERVER
+    from egress.mitm.patches.error_pages import install as install_error_pages
 
     install_error_pages()
     assert _http1.make_error_response(400, "x") == refusals.mitmproxy_error(400, "x")

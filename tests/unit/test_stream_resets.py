@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from egress.addons.stream_resets import WINDOW_SECONDS, too_many_resets
+from egress.mitm.patches.h2_floods import WINDOW_SECONDS, too_many_resets
 
 
 def test_more_than_the_limit_within_the_window_trips():

@@ -30,14 +30,8 @@ import time
 from mitmproxy import http
 from mitmproxy.proxy.layers import http as http_layers
 
-_installed = False
 
-
-def install_early_answers() -> None:
-    global _installed
-    if _installed:
-        return
-    _installed = True
+def install() -> None:
     stream_class = http_layers.HttpStream
     original = stream_class.start_request_stream
 

@@ -26,13 +26,8 @@ from mitmproxy.proxy.layers.http import _http1, _http2
 from egress.mitm import refusals
 
 SERVER = "egress"
-_installed = False
 
 
-def install_error_pages() -> None:
-    global _installed
-    if _installed:
-        return
-    _installed = True
+def install() -> None:
     _http1.make_error_response = refusals.mitmproxy_error  # type: ignore[assignment]
     _http2.version = SimpleNamespace(MITMPROXY=SERVER)  # type: ignore[assignment]

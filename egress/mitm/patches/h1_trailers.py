@@ -16,15 +16,10 @@ from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 
-_installed = False
 TRAILERS_REFUSED = "HTTP/1 protocol error: trailer fields after a chunked body are not supported"
 
 
-def install_trailer_refusal() -> None:
-    global _installed
-    if _installed:
-        return
-    _installed = True
+def install() -> None:
     original = _http1.Http1Connection.read_body
 
     def read_body(self, event):

@@ -15,14 +15,8 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-_installed = False
 
-
-def skip_message_type_checks() -> None:
-    global _installed
-    if _installed:
-        return
-    _installed = True
+def install() -> None:
     # The dataclass __init__ calls `self.__post_init__()`: it must stay defined.
     http.MessageData.__post_init__ = _no_check  # type: ignore[method-assign]
 

@@ -22,7 +22,7 @@ escapes the layer. This subclass changes three things, and nothing else:
   not survive mitmproxy's re-encoding) becomes SERVFAIL without a question instead
   of an exception. No `dns_response` hook: nothing of ours reads one.
 
-`install()` makes mitmproxy's DNS server instances use this layer (they build their
+`serve_with()` makes mitmproxy's DNS server instances use this layer (they build their
 top layer in `DnsInstance.make_top_layer`) and serve their UDP socket from the event
 loop (egress/dns/udp.py). tests/e2e/test_dns.py sends the packets
 that broke the stock layer and fails without it.
@@ -177,23 +177,40 @@ class FilteringDNSLayer(dns_layer.DNSLayer):
         yield commands.SendData(self.context.client, packed)
 
 
-def install(answer_now: AnswerNow | None = None, answer_datagram: dns_udp.AnswerDatagram | None = None) -> None:
-    """Make every `dns@...` listener of this process use `FilteringDNSLayer`.
+def serve_with(answer_now: AnswerNow | None, answer_datagram: dns_udp.AnswerDatagram | None = None) -> None:
+    """Arm the patch: from here on every `dns@...` listener of this process uses
+    `FilteringDNSLayer` and the UDP socket on the event loop.
 
     `answer_now(flow)`: called for each query before the `dns_request` hook; True when
     it answered (or dropped) the query, False to let the hook finish it, None when it
     failed (closed: SERVFAIL). egress/addons/dns_filter.py `DnsFilter.answer_now`,
     wrapped by `failsafe.fail_closed_call`. `answer_datagram`: the UDP socket's fast
-    path (egress/dns/udp.py), `DnsFilter.answer_datagram`.
+    path (egress/dns/udp.py), `DnsFilter.answer_datagram`. `answer_now=None` disarms it.
     """
     global _answer_now, _answer_datagram
     _answer_now = answer_now
     _answer_datagram = answer_datagram
-    mode_servers.DnsInstance.make_top_layer = lambda self, context: FilteringDNSLayer(context)  # type: ignore[method-assign]
+
+
+_stock_top_layer = mode_servers.DnsInstance.make_top_layer
+_stock_udp_server = mode_servers.DnsInstance.start_udp_based_server
+
+
+def install() -> None:
+    """Until `serve_with` arms it, DNS listeners keep mitmproxy's own layer and socket."""
+    mode_servers.DnsInstance.make_top_layer = _make_top_layer  # type: ignore[method-assign]
     # The UDP socket on the event loop instead of mitmproxy_rs's thread (egress/dns/udp.py);
     # mitmproxy only closes it and lists its `sockets`, which UdpListener provides.
     mode_servers.DnsInstance.start_udp_based_server = _start_udp_listener  # type: ignore[method-assign,assignment]
 
 
-def _start_udp_listener(self: mode_servers.DnsInstance, host: str, port: int) -> Any:
-    return dns_udp.start_udp_listener(host, port, self.handle_stream, _answer_datagram)
+def _make_top_layer(self: mode_servers.DnsInstance, context: Any) -> layer.Layer:
+    if _answer_now is None:
+        return _stock_top_layer(self, context)
+    return FilteringDNSLayer(context)
+
+
+async def _start_udp_listener(self: mode_servers.DnsInstance, host: str, port: int) -> Any:
+    if _answer_now is None:
+        return await _stock_udp_server(self, host, port)
+    return await dns_udp.start_udp_listener(host, port, self.handle_stream, _answer_datagram)
