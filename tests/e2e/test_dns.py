@@ -203,7 +203,7 @@ def test_localhost_is_answered_locally(box: DnsSandbox):
 
 
 def test_wildcard_entry_resolves_through_the_resolver(box: DnsSandbox):
-    # Labels under an allowlisted wildcard do reach that domain's resolver (README says so).
+    # Labels under an allowlisted wildcard do reach that domain's resolver (docs/dns.md says so).
     name = f"{token()}.wild.example.test"
     # No such name: an empty answer (getaddrinfo cannot tell it from "no address")
     assert dig(box, name) == ("NOERROR", "")
