@@ -9,7 +9,7 @@ Three runs per round, each `--seconds` long (bounded: dnsperf -l):
 - blocked: names not on the allowlist (NXDOMAIN answered by the proxy itself);
 - allowed: an allowlisted name, resolved through the proxy's resolver (getaddrinfo
   to dnsmasq), forbidden addresses filtered; after the first query it is answered
-  from the proxy's address cache (egress/dns_cache.py, 30 s);
+  from the proxy's address cache (egress/dns/cache.py, 30 s);
 - uncached: a new allowlisted name per query (under a wildcard entry), so every
   query goes to the resolver (the cache's miss path);
 - direct: the same allowlisted name asked of dnsmasq itself.

@@ -39,11 +39,11 @@ if atheris is not None and "--random" not in sys.argv:
     ):
         import yaml
 
-        from egress.spec import SpecError, parse_spec
+        from egress.policy.spec import SpecError, parse_spec
 else:
     import yaml
 
-    from egress.spec import SpecError, parse_spec
+    from egress.policy.spec import SpecError, parse_spec
 
 SCRATCH = tempfile.mkdtemp(prefix="egress-fuzz-")
 for _name, _content in {

@@ -89,8 +89,9 @@ def registry_figures(one_dir: Path, big_dir: Path, rounds: int) -> dict:
     return _python(f"""
 import base64, json, time
 from pathlib import Path
-from egress.environments import EnvironmentRegistry
-from egress import policy, proxy_auth
+from egress.environments.registry import EnvironmentRegistry
+from egress.policy import decisions as policy
+from egress.wire import proxy_auth
 out = {{}}
 registries, headers = {{}}, {{}}
 for name, d in (("one", Path({str(one_dir)!r})), ("many", Path({str(big_dir)!r}))):

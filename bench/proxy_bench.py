@@ -241,8 +241,8 @@ def decision_cost(spec_path: Path, lookups: int) -> dict:
     """µs per `policy.check_name` for an exact hit, a deep wildcard hit and a miss."""
     code = f"""
 import json, time
-from egress.spec import load_spec
-from egress import policy
+from egress.policy.spec import load_spec
+from egress.policy import decisions as policy
 spec = load_spec({str(spec_path)!r})
 hosts = {{"exact hit": "plain.bench.test", "wildcard hit": "a.b.c.w2.example.net", "miss": "x.y.not-listed.org"}}
 if len(spec.entries) < 10: hosts["wildcard hit"] = "plain.bench.test"
@@ -269,7 +269,7 @@ def load_time(spec_path: Path) -> float:
     """Seconds for `load_spec` on a fresh interpreter (Public Suffix List set-up included)."""
     code = f"""
 import time
-from egress.spec import load_spec
+from egress.policy.spec import load_spec
 t = time.perf_counter()
 load_spec({str(spec_path)!r})
 print(time.perf_counter() - t)
@@ -350,7 +350,7 @@ def section_profiles(lab, proxies, args) -> dict[str, dict]:
 
 # Where a sampled stack spends its time, by the innermost frame that is in one of these.
 PROFILE_BUCKETS = (
-    ("hook dispatch (mitmproxy addon manager / egress.dispatch)", ("(mitmproxy/addonmanager.py", "(egress/dispatch.py")),
+    ("hook dispatch (mitmproxy addon manager / egress.mitm.event_cache)", ("(mitmproxy/addonmanager.py", "(egress/mitm/event_cache.py")),
     ("our addons and policy (egress/*)", ("(egress/",)),
     ("TLS (OpenSSL, certificates)", ("(OpenSSL/", "(cryptography/", "(mitmproxy/tls.py", "layers/tls.py", "(mitmproxy/certs.py", "addons/tlsconfig.py")),
     ("HTTP layer and HTTP/1 parsing", ("(mitmproxy/net/http/", "layers/http/", "(mitmproxy/http.py", "(h11/", "(h2/", "(mitmproxy/coretypes/")),
@@ -358,7 +358,7 @@ PROFILE_BUCKETS = (
     ("asyncio event loop and socket I/O", ("(asyncio/", "(selectors.py")),
 )
 # Frames that are on every stack and say nothing about where time goes.
-_OUTER = ("(egress/cli.py", "(egress-proxy:", "(mitmdump:", "(mitmproxy/tools/main.py", "(mitmproxy/master.py")
+_OUTER = ("(egress/cli/main.py", "(egress-proxy:", "(mitmdump:", "(mitmproxy/tools/main.py", "(mitmproxy/master.py")
 
 
 def summarize_profile(raw: Path) -> dict:

@@ -1,4 +1,4 @@
-"""CPU cost of relaying bytes between two sockets: egress.relay on asyncio and on
+"""CPU cost of relaying bytes between two sockets: egress.net.relay on asyncio and on
 uvloop, against an os.splice(2) pump. Measures the relay process's own CPU time per
 GiB (user + system), which a busy shared machine disturbs far less than wall-clock
 throughput. Loopback only; source and sink are separate processes.
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from egress.relay import Relay, Side
+from egress.net.relay import Relay, Side
 
 SOURCE = """
 import socket, sys

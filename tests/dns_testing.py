@@ -6,8 +6,8 @@ import ipaddress
 import json
 import struct
 
-from egress import dns_policy as dp
-from egress.spec import parse_spec
+from egress.dns import policy as dp
+from egress.policy.spec import parse_spec
 
 
 def make_spec(*domains: str, allow_cidrs=("198.18.0.0/15",)):

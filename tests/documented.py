@@ -100,11 +100,13 @@ def reason_codes() -> set[str]:
     `X-Egress-Error`, a metric label or an audit line."""
     import importlib
 
-    from egress import dns_policy, policy, upstream
+    from egress.dns import policy as dns_policy
+    from egress.net import upstream
+    from egress.policy import decisions as policy
 
     def constant(name: str) -> str:
-        # Where the answer for it is built: egress.refusals, or (before it) the addon.
-        for module in ("egress.refusals", "egress.addons.environment_gate", "egress.addons.limits"):
+        # Where the answer for it is built: egress.mitm.refusals, or (before it) the addon.
+        for module in ("egress.mitm.refusals", "egress.addons.environment_gate", "egress.addons.limits"):
             try:
                 found = importlib.import_module(module)
             except ImportError:

@@ -2,12 +2,12 @@
 
 One sequence, in two halves: `answer_now` (called by the DNS layer for each query,
 synchronously) and the `dns_request` hook (only for queries that need I/O). Read the
-query, ask `egress.dns_policy.decide` under the spec in force, act on the verdict (answer locally, resolve A/AAAA through the proxy's
+query, ask `egress.dns.policy.decide` under the spec in force, act on the verdict (answer locally, resolve A/AAAA through the proxy's
 resolver and drop forbidden addresses, or, in report mode only, forward), write the
-answer within the client's UDP size (egress/dns_wire.py: TC bit, the client retries
+answer within the client's UDP size (egress/dns/wire.py: TC bit, the client retries
 over TCP), count it and log blocked ones. A query that needs no I/O (every blocked
 one, NODATA, PTR, localhost, FORMERR, an allowlisted name whose resolver answer is
-cached, egress/dns_cache.py) is answered by the first half alone; one that needs the
+cached, egress/dns/cache.py) is answered by the first half alone; one that needs the
 resolver or a forward is finished by the hook. Every query gets an answer from here;
 nothing else in the process talks to a resolver on the sandbox's behalf
 (egress/addons/dns_layer.py).
@@ -21,16 +21,17 @@ from collections.abc import Callable
 
 from mitmproxy import dns
 
-from egress import dns_fast, dns_wire
-from egress import dns_policy as dp
 from egress.addons.dns_layer import DROP_KEY, RAW, UNPARSED, WIRE_KEY
-from egress.addresses import IPAddress
-from egress.audit import DecisionLog
-from egress.dns_answer_memo import AnswerMemo
-from egress.dns_cache import AddressCache
-from egress.dns_forward import forward, system_nameserver
-from egress.resolver import ResolveError, resolve_family
-from egress.spec import Spec
+from egress.dns import fast as dns_fast
+from egress.dns import policy as dp
+from egress.dns import wire as dns_wire
+from egress.dns.answer_memo import AnswerMemo
+from egress.dns.cache import AddressCache
+from egress.dns.forward import forward, system_nameserver
+from egress.net.resolver import ResolveError, resolve_family
+from egress.ops.audit import DecisionLog
+from egress.policy.addresses import IPAddress
+from egress.policy.spec import Spec
 
 logger = logging.getLogger(__name__)
 _EAI_NODATA = getattr(socket, "EAI_NODATA", -5)
@@ -115,13 +116,13 @@ class DnsFilter:
     def answer_datagram(self, packet: bytes, client: str) -> bytes | None:
         """The answer to a UDP query of the common shape decided without I/O, else None.
 
-        The listener's fast path (egress/dns_udp.py), ahead of mitmproxy's parser and
+        The listener's fast path (egress/dns/udp.py), ahead of mitmproxy's parser and
         connection handler: the same `decide`, address cache, filtering, answer writer,
         counter and audit line as `answer_now`, read from the packet's bytes by
-        egress/dns_fast.py. None (another shape, a cache miss, report mode): the packet
+        egress/dns/fast.py. None (another shape, a cache miss, report mode): the packet
         goes the full way and `answer_now` / `dns_request` answer it. A repeat of a
         query answered from the address cache gets the bytes written for it a moment
-        ago while every input is unchanged (egress/dns_answer_memo.py).
+        ago while every input is unchanged (egress/dns/answer_memo.py).
         """
         spec = self._current_spec()
         memo = self.memo.get(packet, spec, self.cache.generation)
@@ -158,7 +159,7 @@ class DnsFilter:
     def _memorise(
         self, packet: bytes, wire: bytes, spec: Spec, verdict: dp.Verdict, name: str, qtype: str, ttl: int, qtype_code: int
     ) -> None:
-        """Keep the answer for repeats of this very query (egress/dns_answer_memo.py)."""
+        """Keep the answer for repeats of this very query (egress/dns/answer_memo.py)."""
         generation = self.cache.generation  # what the answer was built from (after its lookup)
         entry = self.cache.entry(spec, verdict.decision.host, dp.address_family(qtype_code))
         if entry is None or self.cache.generation != generation:
@@ -217,7 +218,7 @@ class DnsFilter:
             # make caches forget its A records. Resolver failures stay SERVFAIL.
             rcode = dp.NOERROR if exc.code in (_EAI_NONAME, _EAI_NODATA) else dp.SERVFAIL
             return [], dp.resolve_failed(spec, verdict, rcode)
-        # The resolver's answer, before policy: each hit is filtered again (egress/dns_cache.py).
+        # The resolver's answer, before policy: each hit is filtered again (egress/dns/cache.py).
         self.cache.put(spec, verdict.decision.host, family, found)
         return dp.filter_addresses(spec, verdict, found, self._is_self)
 

@@ -17,14 +17,14 @@ escapes the layer. This subclass changes three things, and nothing else:
   be dropped, or the client gets SERVFAIL. Forwarding (report mode) is done by the
   addon, which decides where to;
 - the hook's answer is sent as the wire bytes it left in `flow.metadata`
-  (egress/dns_wire.py builds them from the query's own bytes); otherwise
+  (egress/dns/wire.py builds them from the query's own bytes); otherwise
   `flow.response` is packed here, and one that cannot be packed (a name that does
   not survive mitmproxy's re-encoding) becomes SERVFAIL without a question instead
   of an exception. No `dns_response` hook: nothing of ours reads one.
 
 `install()` makes mitmproxy's DNS server instances use this layer (they build their
 top layer in `DnsInstance.make_top_layer`) and serve their UDP socket from the event
-loop (egress/dns_udp.py). tests/e2e/test_dns.py sends the packets
+loop (egress/dns/udp.py). tests/e2e/test_dns.py sends the packets
 that broke the stock layer and fails without it.
 """
 
@@ -41,7 +41,7 @@ from mitmproxy.proxy import commands, events, layer, mode_servers
 from mitmproxy.proxy.layers import dns as dns_layer
 from mitmproxy.proxy.utils import expect
 
-from egress import dns_udp
+from egress.dns import udp as dns_udp
 
 UNPARSED = "_egress_unparsed"  # attribute set on a message built from the header only
 RAW = "_egress_raw"  # attribute: the message's bytes as received
@@ -184,13 +184,13 @@ def install(answer_now: AnswerNow | None = None, answer_datagram: dns_udp.Answer
     it answered (or dropped) the query, False to let the hook finish it, None when it
     failed (closed: SERVFAIL). egress/addons/dns_filter.py `DnsFilter.answer_now`,
     wrapped by `failsafe.fail_closed_call`. `answer_datagram`: the UDP socket's fast
-    path (egress/dns_udp.py), `DnsFilter.answer_datagram`.
+    path (egress/dns/udp.py), `DnsFilter.answer_datagram`.
     """
     global _answer_now, _answer_datagram
     _answer_now = answer_now
     _answer_datagram = answer_datagram
     mode_servers.DnsInstance.make_top_layer = lambda self, context: FilteringDNSLayer(context)  # type: ignore[method-assign]
-    # The UDP socket on the event loop instead of mitmproxy_rs's thread (egress/dns_udp.py);
+    # The UDP socket on the event loop instead of mitmproxy_rs's thread (egress/dns/udp.py);
     # mitmproxy only closes it and lists its `sockets`, which UdpListener provides.
     mode_servers.DnsInstance.start_udp_based_server = _start_udp_listener  # type: ignore[method-assign,assignment]
 

@@ -32,12 +32,14 @@ from collections.abc import Callable
 
 from mitmproxy import connection, ctx, http
 
-from egress import policy, proxy_auth, refusals
 from egress.addons.limits import REFUSED
-from egress.audit import DecisionLog
-from egress.domains import Allowlist, HostError, normalize_host
-from egress.environments import EnvironmentRegistry
-from egress.spec import Spec
+from egress.environments.registry import EnvironmentRegistry
+from egress.mitm import refusals
+from egress.ops.audit import DecisionLog
+from egress.policy import decisions as policy
+from egress.policy.domains import Allowlist, HostError, normalize_host
+from egress.policy.spec import Spec
+from egress.wire import proxy_auth
 
 logger = logging.getLogger(__name__)
 ALLOWS_NOTHING = Spec(allowlist=Allowlist())

@@ -3,7 +3,7 @@
 mitmproxy's addon manager catches an exception raised by a hook, logs it and
 carries on with the flow, so a check that crashes would let its request through
 unchecked. `fail_closed(addon)` wraps every event hook of one of our addons
-(at registration, in `egress.master`) so that instead
+(at registration, in `egress.mitm.master`) so that instead
 
 - request-phase hooks (`http_connect`, `requestheaders`, `request`) answer
   403 with reason `internal_error` (our extension of SPEC §3's reason codes);
@@ -38,18 +38,15 @@ from typing import Any
 import mitmproxy.proxy.layers  # noqa: F401  (registers the HTTP/TLS/TCP hooks in `hooks.all_hooks`)
 from mitmproxy import connection, dns, exceptions, hooks, http, tls
 from mitmproxy.proxy import layer, server_hooks
-from prometheus_client import Counter
 
-from egress import policy, refusals
 from egress.addons.tunnel import RefuseLayer
+from egress.mitm import refusals
+from egress.ops import metrics
+from egress.policy import decisions as policy
 
 logger = logging.getLogger(__name__)
 
-INTERNAL_ERRORS = Counter(
-    "egress_internal_errors",
-    "Exceptions raised inside the proxy's own hooks; each one refused what it was deciding on.",
-    ["hook"],
-)
+INTERNAL_ERRORS = metrics.INTERNAL_ERRORS
 TEST_FAULT_ENV = "EGRESS_TEST_FAULT"
 
 _REQUEST_HOOKS = frozenset({"http_connect", "requestheaders", "request", "http_connect_upstream"})

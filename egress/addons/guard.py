@@ -6,7 +6,7 @@ Hook by hook:
                      reached) and remember the tunnel.
 - `next_layer`       once the complete ClientHello is in, before mitmproxy stacks
                      its TLS layers: its raw server_name must name the CONNECT host
-                     (`egress.clienthello`); entries without a transform are handed
+                     (`egress.wire.clienthello`); entries without a transform are handed
                      to a relay outside mitmproxy (`egress.addons.tunnel`). In
                      transparent mode the server_name *is* the destination: it is
                      checked here, and the connection is renamed from the client's
@@ -20,8 +20,8 @@ Hook by hook:
                      dialled at CONNECT); anything else is refused (fail closed).
 With `--upstream-proxy` every dial above (ours and mitmproxy's own, see
 `egress.addons.tunnel`) is a `CONNECT <checked-ip>:<port>` through the parent
-(`egress.parent_proxy`); nothing else here changes.
-Policy lives in `egress.policy` / `egress.destinations`; this file only wires it in.
+(`egress.net.parent_proxy`); nothing else here changes.
+Policy lives in `egress.policy.decisions` / `egress.net.destinations`; this file only wires it in.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
 from mitmproxy.proxy.layers.http import HTTPMode
 from mitmproxy.proxy.layers.tls import HTTP_ALPNS
 
-from egress import clienthello, metrics, policy, refusals, tunnel_start, upstream
 from egress.addons.tunnel import (
     RefuseLayer,
     RelayLayer,
@@ -45,14 +44,19 @@ from egress.addons.tunnel import (
     hand_to_mitmproxy,
     install_connect_handoff,
 )
-from egress.addresses import IPAddress
-from egress.audit import DecisionLog
-from egress.destinations import DestinationChecker
-from egress.domains import HostError, normalize_host
-from egress.fields import connect_target_problem, declared_length_problem, field_value_problem, host_field_problem
-from egress.parent_proxy import ParentProxy
-from egress.relay import Side
-from egress.request_target import request_target_problem
+from egress.mitm import refusals
+from egress.net import upstream
+from egress.net.destinations import DestinationChecker
+from egress.net.parent_proxy import ParentProxy
+from egress.net.relay import Side
+from egress.ops import metrics
+from egress.ops.audit import DecisionLog
+from egress.policy import decisions as policy
+from egress.policy.addresses import IPAddress
+from egress.policy.domains import HostError, normalize_host
+from egress.wire import clienthello, tunnel_start
+from egress.wire.fields import connect_target_problem, declared_length_problem, field_value_problem, host_field_problem
+from egress.wire.request_target import request_target_problem
 
 logger = logging.getLogger(__name__)
 DECISION_KEY = "egress.decision"
@@ -66,7 +70,7 @@ class Tunnel:
     blocked: str = ""  # reason, once the TLS ClientHello has been refused
     decided: bool = False  # the ClientHello was checked (next_layer); later layers are not ours
     # Intercepted: what the client sends inside the TLS the proxy terminated was classified
-    # too (HTTP, checked per request), not left to mitmproxy's guess (`egress.tunnel_start`).
+    # too (HTTP, checked per request), not left to mitmproxy's guess (`egress.wire.tunnel_start`).
     inner_decided: bool = False
     upstream: Side | None = None  # dialled at CONNECT, until the relay or mitmproxy takes it, or it is closed
 
@@ -199,7 +203,7 @@ class DestinationGuard:
     def request(self, flow: http.HTTPFlow) -> None:
         request = flow.request
         # HTTP/1 frames a body by its content-length; HTTP/2 and /3 carry it beside the
-        # frames, and the upstream (HTTP/1 or 2) would frame by the header (egress.fields).
+        # frames, and the upstream (HTTP/1 or 2) would frame by the header (egress.wire.fields).
         if flow.response is not None or not (request.is_http2 or request.is_http3) or request.raw_content is None:
             return
         if (problem := declared_length_problem(request.headers.get("content-length"), len(request.raw_content))) is not None:
@@ -242,9 +246,9 @@ class DestinationGuard:
             if not decision.allowed:
                 return decision
             state.pin(decision.host, request.port, address)
-        if decision.transform and request.scheme != "https":
+        if decision.injects and request.scheme != "https":
             return policy.with_reason(spec, decision, policy.PLAINTEXT_CREDENTIALS)
-        if decision.transform and policy.echoes_request(request.method):
+        if decision.injects and policy.echoes_request(request.method):
             # The server's answer to TRACE is the request as it arrived, injected header
             # and all: the sandbox would read the secret (a red-team find).
             return policy.with_reason(spec, decision, policy.TRACE_CREDENTIALS)
@@ -287,7 +291,7 @@ class DestinationGuard:
         if tunnel is None and not (transparent and len(context.layers) == 1):
             return  # not a tunnel (plain HTTP, the first layer of a regular proxy)
         data = nextlayer.data_client()
-        # Which checks apply is decided here, not by mitmproxy's guess (`egress.tunnel_start`).
+        # Which checks apply is decided here, not by mitmproxy's guess (`egress.wire.tunnel_start`).
         start = tunnel_start.classify(data)
         if start is tunnel_start.Start.WAIT:
             raise exceptions.AddonHalt  # could still become a TLS record or a request line: wait
@@ -348,7 +352,7 @@ class DestinationGuard:
             decision = policy.with_reason(self.checker.spec_for(context.client.id), tunnel.decision, policy.HOST_MISMATCH)
             self.log.record(decision, client=client, port=tunnel.port, method="TLS", kind="tunnel")
             return
-        if tunnel.decision.transform:
+        if tunnel.decision.intercepted:
             return  # intercepted: mitmproxy's TLS layers come next
         self.log.record(tunnel.decision, client=client, port=tunnel.port, method="CONNECT", kind="tunnel")
         self._pass_through(nextlayer, tunnel, "CONNECT")
@@ -376,7 +380,7 @@ class DestinationGuard:
         # address the client connected to: SNI `allowed.test` sent to another IP reaches
         # allowed.test. The upstream TLS handshake still uses the client's SNI.
         server.address = (decision.host, port)
-        if decision.transform:
+        if decision.intercepted:
             return
         if can_take_over(context):
             try:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from mitmproxy import http
 
 from egress.addons.guard import DECISION_KEY, _client_label
-from egress.audit import DecisionLog
-from egress.policy import Decision
+from egress.ops.audit import DecisionLog
+from egress.policy.decisions import Decision
 
 
 class CredentialInjector:

@@ -33,17 +33,13 @@ from mitmproxy.proxy import commands, events, layer, mode_specs
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
-from prometheus_client import Counter
 
-from egress import metrics, refusals
+from egress.mitm import refusals
+from egress.ops import metrics
 
 logger = logging.getLogger(__name__)
 
-REFUSED = Counter(
-    "egress_connections_refused",
-    "Client connections refused at accept because a connection limit was reached.",
-    ["limit"],
-)
+REFUSED = metrics.CONNECTIONS_REFUSED
 
 
 @dataclass

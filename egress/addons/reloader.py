@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from egress.environments import EnvironmentRegistry
-from egress.reload import SpecHolder
+from egress.environments.registry import EnvironmentRegistry
+from egress.environments.single import SpecHolder
 
 
 class SpecReloader:

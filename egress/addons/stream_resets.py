@@ -29,15 +29,12 @@ import h2.errors
 import h2.events
 from mitmproxy import ctx, exceptions
 from mitmproxy.proxy.layers.http import _http2
-from prometheus_client import Counter
+
+from egress.ops import metrics
 
 logger = logging.getLogger(__name__)
 
-CLOSED = Counter(
-    "egress_connections_closed",
-    "Client connections the proxy closed for abusing HTTP/2 (h2_resets: rapid reset; h2_control_flood: PING/SETTINGS flood).",
-    ["reason"],
-)
+CLOSED = metrics.CONNECTIONS_CLOSED
 WINDOW_SECONDS = 10
 # PING and SETTINGS floods (CVE-2019-9512, CVE-2019-9515): hyper-h2 answers each one, so
 # a client that never stops sending them keeps the proxy busy writing acknowledgements

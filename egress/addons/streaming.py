@@ -1,7 +1,7 @@
 """Responses without a declared length go to the client as they arrive.
 
 mitmproxy holds a body back until it is complete unless `stream_large_bodies` (64 KiB
-here, egress/master.py) says otherwise. With a Content-Length that is decided at the
+here, egress/mitm/master.py) says otherwise. With a Content-Length that is decided at the
 headers; without one (a chunked HTTP/1.1 response, an HTTP/2 stream without
 content-length, a body read until the connection closes) only once 64 KiB have
 arrived. A streaming API answer (the server-sent events of an LLM completion: a few

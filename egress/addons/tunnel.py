@@ -1,4 +1,4 @@
-"""mitmproxy layers for decided tunnels: hand a passthrough tunnel to `egress.relay`, or refuse it.
+"""mitmproxy layers for decided tunnels: hand a passthrough tunnel to `egress.net.relay`, or refuse it.
 
 `RelayLayer` is what the guard's `next_layer` hook puts in place of mitmproxy's TLS
 layers once a passthrough tunnel is checked. On `Start` it takes the client's
@@ -27,9 +27,11 @@ from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy import server as proxy_server
 from mitmproxy.proxy.context import Context
 
-from egress import metrics, refusals, upstream
-from egress.parent_proxy import ParentProxy
-from egress.relay import Relay, Side
+from egress.mitm import refusals
+from egress.net import upstream
+from egress.net.parent_proxy import ParentProxy
+from egress.net.relay import Relay, Side
+from egress.ops import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +187,7 @@ async def _connect(host: str, port: int, **kwargs: Any):
     parent it is what the parent is asked for, so plain HTTP and intercepted TLS take the
     same path as a tunnel dialled at CONNECT. Within --connect-timeout, counted like a
     CONNECT's dial; a failure is an OSError whose text mitmproxy hands to its 502, which
-    `egress.error_pages` turns into the CONNECT's answer (reason code and the name the
+    `egress.mitm.patches.error_pages` turns into the CONNECT's answer (reason code and the name the
     client asked for, from `connecting_to`; never the address).
     """
     name = _connecting_to.get()
@@ -216,7 +218,7 @@ async def _connect(host: str, port: int, **kwargs: Any):
         else:
             logger.info("upstream %s (port %s): %s", failure.reason, port, failure.detail)
         raise OSError(refusals.connect_failure_message(failure.reason, name)) from None
-    # (the connect time is observed by egress.addons.observe, as for any mitmproxy connect)
+    # (the connect time is observed by egress.addons.timings, as for any mitmproxy connect)
     if side.transport is None:  # create_connection always sets it
         raise OSError("egress: parent proxy tunnel has no transport")
     return _streams(side, side.transport)

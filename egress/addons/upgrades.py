@@ -1,4 +1,4 @@
-"""ProtocolSwitches: no `101 Switching Protocols` the proxy could not follow (`egress.protocol_switch`).
+"""ProtocolSwitches: no `101 Switching Protocols` the proxy could not follow (`egress.wire.protocol_switch`).
 
 - `requestheaders`   an `Upgrade` other than a WebSocket handshake mitmproxy follows is
                      removed before the request goes upstream (after the guard's checks).
@@ -12,7 +12,7 @@ import logging
 
 from mitmproxy import ctx, http
 
-from egress import protocol_switch
+from egress.wire import protocol_switch
 
 logger = logging.getLogger(__name__)
 

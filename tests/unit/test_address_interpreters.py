@@ -2,7 +2,7 @@
 
 `ipaddress.is_global` answers differently under Python 3.12.1 and 3.13.0 (the
 CVE-2024-4032 tables): a classifier that fell back to it dialled ORCHIDv2 under one
-and refused it under the other. This runs the installed `egress/addresses.py` (it
+and refused it under the other. This runs the installed `egress/policy/addresses.py` (it
 imports only the standard library) under each interpreter found and compares every
 decision over the registry table and an SSRF-style corpus.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import egress.addresses
+import egress.policy.addresses
 
 # Run in each interpreter: decisions for the samples of every table entry, plus corpus.
 PROBE = r"""
@@ -71,7 +71,7 @@ def interpreters() -> list[str]:
 
 def run_probe(python: str) -> dict:
     result = subprocess.run(
-        [python, "-I", "-c", PROBE, egress.addresses.__file__, json.dumps(CORPUS)],
+        [python, "-I", "-c", PROBE, egress.policy.addresses.__file__, json.dumps(CORPUS)],
         capture_output=True, text=True, timeout=60, check=True,
     )
     return json.loads(result.stdout)

@@ -1,6 +1,6 @@
 """Every entry of the IANA special-purpose address registries, decided by our own table.
 
-The expectations are written out here, independently of `egress.addresses`' table,
+The expectations are written out here, independently of `egress.policy.addresses`' table,
 so that a changed or dropped table entry fails a test. The same file runs under every
 supported interpreter in CI (scripts/test.sh runs tests/unit under a second Python);
 `test_address_interpreters.py` also compares the two directly.
@@ -12,7 +12,7 @@ import ipaddress
 
 import pytest
 
-from egress.addresses import (
+from egress.policy.addresses import (
     ALWAYS_FORBIDDEN,
     IPV4_RANGES,
     IPV6_RANGES,

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from egress.addresses import (
+from egress.policy.addresses import (
     AddressClass,
     cidr_problem,
     classify_address,

@@ -1,4 +1,4 @@
-"""The DNS audit line is written field by field for speed (egress/audit.py): it must be
+"""The DNS audit line is written field by field for speed (egress/ops/audit.py): it must be
 exactly what json.dumps of the same fields writes, whatever the name holds."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from egress import dns_policy as dp
-from egress import policy
-from egress.audit import DecisionLog
+from egress.dns import policy as dp
+from egress.ops.audit import DecisionLog
+from egress.policy import decisions as policy
 
 NAMES = [
     "c2VjcmV0.attacker.example",

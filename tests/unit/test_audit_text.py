@@ -11,8 +11,8 @@ import io
 
 import pytest
 
-from egress import policy
-from egress.audit import DecisionLog
+from egress.ops.audit import DecisionLog
+from egress.policy import decisions as policy
 
 HOSTILE = ["\x1b[2J\x1b[31mfake.test", "a\rallowed    GET ok.test:443", "evil\u202etset.kk", "tab\there", "\x7f\x00.test"]
 

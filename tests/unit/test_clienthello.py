@@ -1,4 +1,4 @@
-"""The raw server_name parser (egress.clienthello), table-driven: real ClientHellos from
+"""The raw server_name parser (egress.wire.clienthello), table-driven: real ClientHellos from
 OpenSSL, handcrafted ones with odd server names (SSRF-corpus style), and malformed bytes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from tls_hello import hello_body, records, sni_extension
 from tls_hello import vec as _vec
 
-from egress.clienthello import (
+from egress.wire.clienthello import (
     INVALID,
     Hello,
     HelloError,

@@ -1,4 +1,4 @@
-"""egress.addons.collector: when a full garbage collection runs, and how often at most."""
+"""egress.addons.gc_pacing: when a full garbage collection runs, and how often at most."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from egress.addons.collector import PacedCollection
+from egress.addons.gc_pacing import PacedCollection
 
 
 class FakeGC:

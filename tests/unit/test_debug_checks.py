@@ -1,4 +1,4 @@
-"""egress.debug_checks: mitmproxy's debug-only per-message type check is left out, nothing else.
+"""egress.mitm.patches.debug_checks: mitmproxy's debug-only per-message type check is left out, nothing else.
 
 The gain is measured by bench/proxy_bench.py (docs/benchmarks.md), not timed here.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from mitmproxy import http
 
-from egress.debug_checks import skip_message_type_checks
+from egress.mitm.patches.debug_checks import skip_message_type_checks
 
 
 def test_messages_are_built_without_the_type_walk_and_still_work():

@@ -1,4 +1,4 @@
-"""The memo of whole answers on the DNS listener's fast path (egress/dns_answer_memo.py).
+"""The memo of whole answers on the DNS listener's fast path (egress/dns/answer_memo.py).
 
 A repeated allowlisted query is answered from bytes written a moment ago; these tests
 hold that it is never a different answer from the one the full decision would write
@@ -16,12 +16,12 @@ import struct
 from dns_testing import Clock, answer_records, make_spec
 from dns_testing import query_bytes as query
 
-from egress import dns_policy as dp
 from egress.addons.dns_filter import DnsFilter
-from egress.audit import DecisionLog
-from egress.dns_answer_memo import MAX_AGE, AnswerMemo
-from egress.dns_cache import AddressCache
-from egress.metrics import DNS_QUERIES
+from egress.dns import policy as dp
+from egress.dns.answer_memo import MAX_AGE, AnswerMemo
+from egress.dns.cache import AddressCache
+from egress.ops.audit import DecisionLog
+from egress.ops.metrics import DNS_QUERIES
 
 ip = ipaddress.ip_address
 CLIENT = "198.18.1.1:5353"

@@ -1,4 +1,4 @@
-"""The DNS listener's address cache (egress/dns_cache.py) and the synchronous half of
+"""The DNS listener's address cache (egress/dns/cache.py) and the synchronous half of
 DnsFilter (`answer_now`): what is answered without a hook, from the cache, under the
 spec in force, and how it fails closed. Real mitmproxy DNS flows and messages built
 from real query bytes; the clock is the only stand-in (TTL expiry without waiting)."""
@@ -13,12 +13,12 @@ import pytest
 from dns_testing import Clock, answer_records, make_spec, query_bytes
 from mitmproxy.test import tflow
 
-from egress import dns_policy as dp
 from egress.addons import failsafe
 from egress.addons.dns_filter import DnsFilter
 from egress.addons.dns_layer import DROP_KEY, WIRE_KEY, parse
-from egress.audit import DecisionLog
-from egress.dns_cache import AddressCache
+from egress.dns import policy as dp
+from egress.dns.cache import AddressCache
+from egress.ops.audit import DecisionLog
 
 ip = ipaddress.ip_address
 

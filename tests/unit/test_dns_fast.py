@@ -1,4 +1,4 @@
-"""The DNS listener's fast path (egress/dns_fast.py, `DnsFilter.answer_datagram`) decides
+"""The DNS listener's fast path (egress/dns/fast.py, `DnsFilter.answer_datagram`) decides
 exactly what the full path through mitmproxy's parser decides.
 
 Differential: every packet of a corpus (hand-written shapes, then seeded mutations of
@@ -21,13 +21,13 @@ import struct
 import pytest
 from mitmproxy import connection, dns
 
-from egress import dns_fast
-from egress import dns_policy as dp
 from egress.addons import dns_layer
 from egress.addons.dns_filter import DnsFilter, read_query
-from egress.audit import DecisionLog
-from egress.dns_cache import AddressCache, Entry
-from egress.spec import parse_spec
+from egress.dns import fast as dns_fast
+from egress.dns import policy as dp
+from egress.dns.cache import AddressCache, Entry
+from egress.ops.audit import DecisionLog
+from egress.policy.spec import parse_spec
 
 SPEC = parse_spec(
     json.dumps({"network": {"allowCidrs": ["198.18.0.0/15", "2001:2::/48"],
@@ -198,7 +198,7 @@ def full_path(data: bytes) -> tuple[bytes | None, str]:
 
 def fast_path(data: bytes) -> tuple[bytes | None, str]:
     """The fast path's answer and log; asked again under another ID (the answer memo,
-    egress/dns_answer_memo.py, serves repeats), it must give the same under that ID."""
+    egress/dns/answer_memo.py, serves repeats), it must give the same under that ID."""
     out = io.StringIO()
     dnsfilter = DnsFilter(lambda: SPEC, lambda ip: False, DecisionLog(stream=out), cache=Cache())
     wire = dnsfilter.answer_datagram(data, CLIENT)

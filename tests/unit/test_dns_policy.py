@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from egress import dns_policy as dp
-from egress import policy
-from egress.dns_policy import Action, Query
-from egress.spec import parse_spec
+from egress.dns import policy as dp
+from egress.dns.policy import Action, Query
+from egress.policy import decisions as policy
+from egress.policy.spec import parse_spec
 
 ip = ipaddress.ip_address
 

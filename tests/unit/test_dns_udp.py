@@ -1,4 +1,4 @@
-"""The `dns@` listeners' UDP socket on the event loop (egress/dns_udp.py), with real UDP
+"""The `dns@` listeners' UDP socket on the event loop (egress/dns/udp.py), with real UDP
 sockets on loopback: one stream per client address, whole datagrams in and out, a
 closed stream forgotten (the next datagram opens a new one), queues bounded. The
 whole listener with mitmproxy's handler is tests/e2e/test_dns.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from egress import dns_udp
+from egress.dns import udp as dns_udp
 
 
 def run(coro):

@@ -1,4 +1,4 @@
-"""DNS answers in wire format (egress/dns_wire.py), checked with mitmproxy's own parser."""
+"""DNS answers in wire format (egress/dns/wire.py), checked with mitmproxy's own parser."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import struct
 import pytest
 from mitmproxy import dns
 
-from egress import dns_wire
+from egress.dns import wire as dns_wire
 
 ip = ipaddress.ip_address
 

@@ -190,11 +190,11 @@ def test_every_metric_and_its_labels_are_in_readme():
     the metric table of docs/operations.md (a real /metrics scrape checks the same in tests/e2e)."""
     from prometheus_client import REGISTRY
 
-    # Each registers its metrics on import; egress.master imports every addon the proxy
+    # Each registers its metrics on import; egress.mitm.master imports every addon the proxy
     # runs (alone, this test saw only the metrics some earlier test had imported).
     import egress.hooks.metrics
-    import egress.master
-    import egress.metrics  # noqa: F401
+    import egress.mitm.master
+    import egress.ops.metrics  # noqa: F401
 
     documented = readme_metrics()
     # The registry's own map of collectors: labelled metrics without samples yet have
@@ -330,16 +330,17 @@ def test_chart_values_named_in_prose_exist():
 def code_label_values() -> dict[tuple[str, str], frozenset[str]]:
     """The label values the code can produce, from its constants and from the string
     literals it passes to `.labels()` / the helpers that call it."""
-    from egress import dns_policy, upstream
+    from egress.dns import policy as dns_policy
     from egress.hooks import decisions
-    from egress.policy import Decision
+    from egress.net import upstream
+    from egress.policy.decisions import Decision
 
-    source = {p.name: p.read_text(encoding="utf-8") for p in (REPO / "egress").rglob("*.py")}
+    source = {p.relative_to(REPO / "egress").as_posix(): p.read_text(encoding="utf-8") for p in (REPO / "egress").rglob("*.py")}
     every = "\n".join(source.values())
     decision = frozenset(
         {Decision(host="h").label, Decision(host="h", reason="r").label, Decision(host="h", reason="r", reported=True).label}
     )
-    assert '"local"' in source["dns_policy.py"]
+    assert '"local"' in source["dns/policy.py"]
     return {
         ("egress_requests_total", "decision"): decision,
         ("egress_dns_queries_total", "decision"): decision | {"local"},

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from egress.domains import (
+from egress.policy.domains import (
     Allowlist,
     HostError,
     is_loopback_name,

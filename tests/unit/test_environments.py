@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from egress import metrics, proxy_auth
-from egress.environments import EnvironmentRegistry, environment_problem, load_directory, spec_files
-from egress.spec import SpecError, parse_spec
+from egress.environments.registry import EnvironmentRegistry, environment_problem, load_directory, spec_files
+from egress.ops import metrics
+from egress.policy.spec import SpecError, parse_spec
+from egress.wire import proxy_auth
 
 TOKEN = "tok-9f1c2e-SECRET-do-not-print"
 
@@ -282,9 +283,9 @@ def test_traffic_of_no_client_connection_gets_a_spec_that_allows_nothing(tmp_pat
     """With --spec-dir, a check that names no client connection (a DNS query, a forgotten
     argument) is held to a spec that allows nothing, never to some environment's."""
     from egress.addons.environment_gate import ALLOWS_NOTHING, EnvironmentGate
-    from egress.audit import DecisionLog
-    from egress.destinations import DestinationChecker
-    from egress.resolver import LocalAddresses
+    from egress.net.destinations import DestinationChecker
+    from egress.net.resolver import LocalAddresses
+    from egress.ops.audit import DecisionLog
 
     (tmp_path / "a.yaml").write_text(spec_text("'*'"))
     gate = EnvironmentGate(EnvironmentRegistry(tmp_path), None, DecisionLog())

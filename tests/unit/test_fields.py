@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from egress.fields import connect_target_problem, declared_length_problem, field_value_problem, host_field_problem
+from egress.wire.fields import connect_target_problem, declared_length_problem, field_value_problem, host_field_problem
 
 
 @pytest.mark.parametrize(

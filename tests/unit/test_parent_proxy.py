@@ -11,8 +11,8 @@ from ipaddress import ip_address as parse_ip
 
 import pytest
 
-from egress import parent_proxy, upstream
-from egress.parent_proxy import ParentProxy, ParentProxyError, ParentReplyError, parse
+from egress.net import parent_proxy, upstream
+from egress.net.parent_proxy import ParentProxy, ParentProxyError, ParentReplyError, parse
 
 PASSWORD = "s3cret-parent-pw"
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from egress import policy
-from egress.spec import parse_spec
+from egress.policy import decisions as policy
+from egress.policy.spec import parse_spec
 
 ip = ipaddress.ip_address
 

@@ -9,10 +9,10 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from egress import domains
-from egress.addresses import AddressClass, classify_address, forbidden_reason
-from egress.domains import Allowlist, HostError, normalize_host, parse_pattern
-from egress.spec import parse_spec
+from egress.policy import domains
+from egress.policy.addresses import AddressClass, classify_address, forbidden_reason
+from egress.policy.domains import Allowlist, HostError, normalize_host, parse_pattern
+from egress.policy.spec import parse_spec
 
 SETTINGS = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]

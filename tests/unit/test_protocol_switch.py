@@ -1,4 +1,4 @@
-"""Which protocol switches the proxy lets happen (egress.protocol_switch), table-driven: only a
+"""Which protocol switches the proxy lets happen (egress.wire.protocol_switch), table-driven: only a
 WebSocket handshake that mitmproxy's own WebSocket layer follows; anything else would turn the
 connection into raw TCP that no check sees (h2c smuggling)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from mitmproxy.http import Headers
 
-from egress.protocol_switch import followable_request, followable_switch, strip_unfollowable_upgrade
+from egress.wire.protocol_switch import followable_request, followable_switch, strip_unfollowable_upgrade
 
 
 def headers(*fields: tuple[str, str]) -> Headers:

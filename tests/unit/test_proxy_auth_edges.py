@@ -1,4 +1,4 @@
-"""Proxy-Authorization edge cases (egress.proxy_auth.parse_basic), table-driven: what real clients
+"""Proxy-Authorization edge cases (egress.wire.proxy_auth.parse_basic), table-driven: what real clients
 send, and the shapes of the second red-team pass. RFC 7617 credentials are `Basic` (any case), one
 or more spaces, then padded standard base64 of `user:password`; the password is everything after
 the first colon. Anything else is no proof (407), never a guess at what was meant."""
@@ -9,7 +9,7 @@ import base64
 
 import pytest
 
-from egress.proxy_auth import parse_basic
+from egress.wire.proxy_auth import parse_basic
 
 
 def b64(text: str, encoding: str = "utf-8") -> str:

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from egress import cli
-from egress.redirect_rules import RulesError, render_rules
+from egress.cli import main as cli
+from egress.net.redirect_rules import RulesError, render_rules
 
 
 def chains(script: str) -> dict[str, list[str]]:

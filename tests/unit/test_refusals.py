@@ -1,4 +1,4 @@
-"""egress.refusals: the exact bytes of every answer the proxy gives in place of a destination's.
+"""egress.mitm.refusals: the exact bytes of every answer the proxy gives in place of a destination's.
 
 The wire form is what mitmproxy's HTTP/1 writer (`assemble_response`) sends for the
 response. Pinned byte for byte: status line, header names, order and values, body.
@@ -17,7 +17,9 @@ import pytest
 from mitmproxy.net.http.http1 import assemble_response
 
 import egress
-from egress import policy, refusals, upstream
+from egress.mitm import refusals
+from egress.net import upstream
+from egress.policy import decisions as policy
 
 
 def wire(response) -> bytes:
@@ -179,7 +181,7 @@ def test_the_detail_is_bounded():
 def test_error_pages_replace_mitmproxys_own():
     from mitmproxy.proxy.layers.http import _http1, _http2
 
-    from egress.error_pages import SERVER, install_error_pages
+    from egress.mitm.patches.error_pages import SERVER, install_error_pages
 
     install_error_pages()
     assert _http1.make_error_response(400, "x") == refusals.mitmproxy_error(400, "x")
@@ -222,7 +224,7 @@ def test_bodies_hold_only_the_documented_fields():
 
 
 def test_no_other_module_builds_an_answer():
-    """Every answer to a client comes from egress.refusals (mitmproxy's own pages aside)."""
+    """Every answer to a client comes from egress.mitm.refusals (mitmproxy's own pages aside)."""
     package = Path(egress.__file__).parent
     builders = ("Response.make(", "make_error_response(", '"X-Egress-', '"egress_denied"', '"upstream_failed"', '"bad_request"')
     elsewhere = [

@@ -1,5 +1,5 @@
-"""The tunnel relay (egress.relay) over real loopback sockets, and the dial's error mapping
-(egress.upstream). No mitmproxy here: the e2e tests cover the hand-over from it."""
+"""The tunnel relay (egress.net.relay) over real loopback sockets, and the dial's error mapping
+(egress.net.upstream). No mitmproxy here: the e2e tests cover the hand-over from it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from egress import upstream
-from egress.relay import Relay, Side
+from egress.net import upstream
+from egress.net.relay import Relay, Side
 
 
 async def _pair() -> tuple[Side, socket.socket]:

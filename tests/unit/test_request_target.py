@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from egress.policy import echoes_request
-from egress.request_target import request_target_problem
+from egress.policy.decisions import echoes_request
+from egress.wire.request_target import request_target_problem
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from egress import secrets
-from egress.spec import SpecError, load_spec, parse_spec
+from egress.policy import secrets
+from egress.policy.spec import SpecError, load_spec, parse_spec
 
 CANARY = "canary-7f3a9c-SECRET-do-not-print"
 

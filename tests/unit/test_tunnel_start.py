@@ -1,4 +1,4 @@
-"""What a tunnel's first bytes are (egress.tunnel_start), table-driven: real first flights
+"""What a tunnel's first bytes are (egress.wire.tunnel_start), table-driven: real first flights
 (OpenSSL ClientHellos, HTTP request lines, an SSH banner) and the shapes of the second
 red-team pass that mitmproxy's own guess relayed as unchecked raw TCP."""
 
@@ -9,7 +9,7 @@ import ssl
 import pytest
 from mitmproxy.net.tls import starts_like_tls_record
 
-from egress.tunnel_start import MAX_FIRST_LINE, Start, classify
+from egress.wire.tunnel_start import MAX_FIRST_LINE, Start, classify
 
 
 def openssl_hello() -> bytes:

@@ -1,4 +1,4 @@
-"""egress.yaml_events against yaml.load: the same value for every document it builds,
+"""egress.policy.yaml_events against yaml.load: the same value for every document it builds,
 a fallback for every document it does not (the full loader then decides)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from egress import yaml_events
-from egress.spec import _MAX_DEPTH, _YAML_LOADER, SpecError, parse_spec
+from egress.policy import yaml_events
+from egress.policy.spec import _MAX_DEPTH, _YAML_LOADER, SpecError, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADERS = [yaml.SafeLoader] + ([yaml.CSafeLoader] if hasattr(yaml, "CSafeLoader") else [])

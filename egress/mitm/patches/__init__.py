@@ -1,0 +1,1 @@
+"""Every patch of mitmproxy internals, in one place."""

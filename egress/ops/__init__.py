@@ -1,0 +1,1 @@
+"""Operations: every Prometheus metric, the metrics/health listener, and the audit log."""
