@@ -1,4 +1,4 @@
-"""End-to-end: fourth red-team pass — cloud-metadata and in-cluster targets, URL-parser
+"""End-to-end attack corpus: cloud-metadata and in-cluster targets, URL-parser
 confusions, and encrypted-DNS / QUIC side doors, through every entry point of the real proxy.
 
 Rows are only those the earlier tables (test_attack_corpus.py and the other test_attack_*.py)

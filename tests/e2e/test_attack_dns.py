@@ -1,4 +1,4 @@
-"""End-to-end: second red-team pass on the DNS listener, with the query shapes of DNS
+"""End-to-end attacks on the DNS listener, with the query shapes of DNS
 tunnelling tools (dnscat2: TXT/CNAME/MX; iodine: NULL, private types, long base32 labels,
 EDNS0; dns2tcp: TXT/KEY) and of resolver fingerprinting (CHAOS `hostname.bind`), sent by
 real `dig` and, where dig would normalise them away, as raw bytes from the sandbox.

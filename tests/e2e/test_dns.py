@@ -1,4 +1,4 @@
-"""End-to-end: the proxy's DNS listener (issue 11). A sandbox beside the proxy, with the
+"""End-to-end: the proxy's DNS listener. A sandbox beside the proxy, with the
 rules of `redirect-rules --dns-port` applied, real clients as `nobody` (getent, Python,
 curl, dig) and real resolvers (dnsmasq) that log every query they get.
 
