@@ -17,6 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 CHART_README = REPO / "charts" / "egress-proxy" / "README.md"
 # Every document an operator reads, and the chart files that name flags and values.
 OPERATOR_DOCS = [
@@ -43,6 +44,16 @@ SPEC_REASON_CODES = {
     "plaintext_credentials", "proxy_self", "no_sni", "proxy_auth_required",
     "upstream_refused", "upstream_unreachable", "upstream_timeout",
 }  # fmt: skip
+
+
+def page(name: str) -> str:
+    """The text of one reference page, `docs/NAME`."""
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def docs_text() -> str:
+    """README.md and every page of docs/, as one text: where a claim is made anywhere."""
+    return "\n".join(path.read_text(encoding="utf-8") for path in [README, *sorted(DOCS.glob("*.md"))])
 
 
 def script(name: str) -> str:
@@ -151,8 +162,8 @@ def _top_level_code(cell: str) -> list[str]:
 
 
 def readme_metrics() -> dict[str, tuple[str, frozenset[str]]]:
-    """README's metric table: name -> (type, label names)."""
-    text = section(README.read_text(encoding="utf-8"), "### Metrics and health")
+    """The metric table of docs/operations.md: name -> (type, label names)."""
+    text = section(page("operations.md"), "## Metrics and health")
     metrics = {}
     for cells in table_rows(text):
         if len(cells) == 3 and re.fullmatch(r"`egress_[a-z_]+`", cells[0]):
@@ -162,17 +173,17 @@ def readme_metrics() -> dict[str, tuple[str, frozenset[str]]]:
 
 
 def readme_reason_codes() -> dict[str, list[str]]:
-    """README's reason-code table: code -> its cells."""
-    text = section(README.read_text(encoding="utf-8"), "### Reason codes")
+    """The reason-code table of docs/decisions.md: code -> its cells."""
+    text = section(page("decisions.md"), "## Reason codes")
     return {
         cells[0].strip("`"): cells for cells in table_rows(text) if re.fullmatch(r"`[a-z_]+`", cells[0])
     }
 
 
 def readme_label_values() -> dict[tuple[str, str], frozenset[str]]:
-    """README's metric table: (metric, label) -> the values listed in parentheses after
-    the label, e.g. `decision` (`allowed`, `blocked`, `reported`)."""
-    text = section(README.read_text(encoding="utf-8"), "### Metrics and health")
+    """The metric table of docs/operations.md: (metric, label) -> the values listed in
+    parentheses after the label, e.g. `decision` (`allowed`, `blocked`, `reported`)."""
+    text = section(page("operations.md"), "## Metrics and health")
     values = {}
     for cells in table_rows(text):
         if len(cells) == 3 and re.fullmatch(r"`egress_[a-z_]+`", cells[0]):

@@ -1,4 +1,4 @@
-"""End-to-end: fourth red-team pass — cloud-metadata and in-cluster targets, URL-parser
+"""End-to-end attack corpus: cloud-metadata and in-cluster targets, URL-parser
 confusions, and encrypted-DNS / QUIC side doors, through every entry point of the real proxy.
 
 Rows are only those the earlier tables (test_attack_corpus.py and the other test_attack_*.py)
@@ -579,7 +579,7 @@ def test_dns_over_tls_is_decided_by_its_server_name_like_any_tls(lab, narrow):
 
 
 def test_dns_over_https_is_decided_by_its_host_like_any_request(lab, narrow):
-    """DoH is HTTP(S): `/dns-query` to an allowlisted host is an allowed request (README: an
+    """DoH is HTTP(S): `/dns-query` to an allowlisted host is an allowed request (docs/dns.md: an
     allowlisted host that answers DNS is a resolver the allowlist opened); to any other, 403."""
     query = base64.urlsafe_b64encode(b"\x00\x00\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01").rstrip(b"=").decode()
     hosts = ("plain.test", "dns.google", "cloudflare-dns.com", "198.18.0.53")

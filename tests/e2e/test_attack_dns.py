@@ -1,11 +1,11 @@
-"""End-to-end: second red-team pass on the DNS listener, with the query shapes of DNS
+"""End-to-end attacks on the DNS listener, with the query shapes of DNS
 tunnelling tools (dnscat2: TXT/CNAME/MX; iodine: NULL, private types, long base32 labels,
 EDNS0; dns2tcp: TXT/KEY) and of resolver fingerprinting (CHAOS `hostname.bind`), sent by
 real `dig` and, where dig would normalise them away, as raw bytes from the sandbox.
 
 Same sandbox as test_dns.py (real dnsmasq resolvers logging every query they receive): a
 name the allowlist does not match never leaves, and for a name under an allowlisted
-wildcard only what README says leaves — an A/AAAA lookup of the lower-cased name, made
+wildcard only what docs/dns.md says leaves — an A/AAAA lookup of the lower-cased name, made
 by the proxy's own resolver, with none of the sandbox's EDNS options.
 """
 
@@ -52,7 +52,7 @@ def test_tunnel_queries_for_names_not_allowlisted_never_leave(box, qtype):  # no
 
 def test_what_leaves_under_a_wildcard_is_the_lower_cased_a_lookup_only(box):  # noqa: F811
     """0x20 case randomisation and EDNS options are the sandbox's: the resolver gets the proxy's own
-    lookup of the normalised name (README: labels under a wildcard reach that domain's servers)."""
+    lookup of the normalised name (docs/dns.md: labels under a wildcard reach that domain's servers)."""
     data = token()
     mixed = "".join(c.upper() if i % 2 else c for i, c in enumerate(data))
     assert dig(box, *EDNS, f"{mixed}.Wild.Example.TEST", "A") == ("NOERROR", "")
@@ -146,7 +146,7 @@ def test_report_mode_relay_never_names_loopback(box, name, qtype, kept):  # noqa
     """Report mode forwards a name off the allowlist to the resolver and relays its answer; loopback
     stays blocked in report mode (a connection to it is refused), and the relay passed `127.0.0.1` /
     `::1` through while an allowlisted name's answer dropped them. Metadata is kept, as a connection
-    in report mode is let through to it (README, *Report mode*)."""
+    in report mode is let through to it (docs/operations.md, *Report mode*)."""
     from e2e.lab import ProxyProcess
 
     dns_port = box.free_port()

@@ -1,4 +1,4 @@
-"""End-to-end: the proxy's DNS listener (issue 11). A sandbox beside the proxy, with the
+"""End-to-end: the proxy's DNS listener. A sandbox beside the proxy, with the
 rules of `redirect-rules --dns-port` applied, real clients as `nobody` (getent, Python,
 curl, dig) and real resolvers (dnsmasq) that log every query they get.
 
@@ -203,7 +203,7 @@ def test_localhost_is_answered_locally(box: DnsSandbox):
 
 
 def test_wildcard_entry_resolves_through_the_resolver(box: DnsSandbox):
-    # Labels under an allowlisted wildcard do reach that domain's resolver (README says so).
+    # Labels under an allowlisted wildcard do reach that domain's resolver (docs/dns.md says so).
     name = f"{token()}.wild.example.test"
     # No such name: an empty answer (getaddrinfo cannot tell it from "no address")
     assert dig(box, name) == ("NOERROR", "")

@@ -261,7 +261,7 @@ CLIENTS = [
             ("resolve4", has(DUAL_V4), (FRESH_V4,)),
             ("resolve6", has(DUAL_V6), (FRESH_V6,)),
             # ANY of an allowlisted name: an empty answer, as for every type but A/AAAA
-            # (README, qtype_not_served): c-ares reports that as ENODATA.
+            # (docs/dns.md, qtype_not_served): c-ares reports that as ENODATA.
             ("resolveAny", code(2, "error ENODATA"), ()),
             ("lookup", has(DUAL_V4, DUAL_V6), BOTH),
         )

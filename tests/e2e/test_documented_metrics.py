@@ -1,7 +1,7 @@
-"""README's metric table and audit-log examples against a real proxy: every metric a
+"""The metric table and audit-log examples of docs/operations.md against a real proxy: every metric a
 running `egress-proxy` exposes on /metrics (with `--dns-listen`, and as a `--spec-dir`
 gateway) is in the table with its type and labels, every metric in the table is
-exposed, and every audit line the proxy writes has the fields of README's example for
+exposed, and every audit line the proxy writes has the fields of the docs' example for
 its event. Real clients (curl, dig) make the traffic that fills the series.
 """
 
@@ -11,7 +11,7 @@ import json
 import re
 
 import pytest
-from documented import README, readme_metrics, section
+from documented import page, readme_metrics, section
 
 SPEC = """network:
   allowCidrs: [198.18.0.0/15]
@@ -22,9 +22,9 @@ SPEC = """network:
       transform:
         Authorization: "Bearer documented-canary"
 """
-# Recorded by the hook dispatcher embedded as a library, never by the proxy (README says so).
+# Recorded by the hook dispatcher embedded as a library, never by the proxy (docs/operations.md says so).
 NOT_FROM_THE_PROXY = {"egress_hook_runs_total"}
-# README's `info` is the OpenMetrics type; the Prometheus text format calls it a gauge.
+# The docs' `info` is the OpenMetrics type; the Prometheus text format calls it a gauge.
 TYPE_ALIASES = {"info": "gauge"}
 
 
@@ -44,25 +44,25 @@ def scrape(proxy) -> tuple[dict[str, str], dict[str, set[frozenset[str]]]]:
 
 def check_against_readme(types: dict[str, str], labels: dict[str, set[frozenset[str]]]) -> None:
     documented = readme_metrics()
-    text = README.read_text(encoding="utf-8")
+    text = page("operations.md")
     for name, kind in types.items():
         if not name.startswith("egress_"):
             # prometheus-client's own process and runtime metrics
             prefix = name.split("_", 1)[0]
             assert prefix in ("process", "python"), f"{name} is exposed but not ours nor prometheus-client's"
-            assert f"`{prefix}_*`" in section(text, "### Metrics and health"), f"README does not mention {prefix}_*"
+            assert f"`{prefix}_*`" in section(text, "## Metrics and health"), f"docs/operations.md does not mention {prefix}_*"
             continue
-        assert name in documented, f"{name} is exposed but missing from README's metric table"
+        assert name in documented, f"{name} is exposed but missing from the metric table of docs/operations.md"
         doc_type, doc_labels = documented[name]
-        assert TYPE_ALIASES.get(doc_type, doc_type) == kind, f"{name}: README says {doc_type}, /metrics says {kind}"
+        assert TYPE_ALIASES.get(doc_type, doc_type) == kind, f"{name}: docs say {doc_type}, /metrics says {kind}"
         for sample_labels in labels.get(name, ()):
-            assert sample_labels == doc_labels, f"{name}: README labels {sorted(doc_labels)}, /metrics {sorted(sample_labels)}"
+            assert sample_labels == doc_labels, f"{name}: docs labels {sorted(doc_labels)}, /metrics {sorted(sample_labels)}"
 
 
 def audit_examples() -> dict[str, list[frozenset[str]]]:
-    """README's audit-log JSON examples: event -> the field sets shown for it."""
+    """The audit-log JSON examples of docs/operations.md: event -> the field sets shown for it."""
     examples: dict[str, list[frozenset[str]]] = {}
-    for line in re.findall(r"^(\{\"time\".*\})$", section(README.read_text(encoding="utf-8"), "### Audit log"), re.M):
+    for line in re.findall(r"^(\{\"time\".*\})$", section(page("operations.md"), "## Audit log"), re.M):
         entry = json.loads(line)
         examples.setdefault(entry["event"], []).append(frozenset(entry))
     return examples
@@ -96,12 +96,12 @@ def proxy_with_traffic(lab):
 
 def test_metrics_of_a_proxy_with_dns_are_documented(proxy_with_traffic):
     types, labels = scrape(proxy_with_traffic)
-    # The traffic above filled these: their label sets are compared with README's.
+    # The traffic above filled these: their label sets are compared with the docs'.
     for name in ("egress_requests_total", "egress_dns_queries_total", "egress_credential_injections_total"):
         assert labels.get(name), f"no {name} sample after the traffic"
     check_against_readme(types, labels)
     missing = set(readme_metrics()) - set(types) - NOT_FROM_THE_PROXY
-    assert not missing, f"README's metric table lists metrics the proxy does not expose: {sorted(missing)}"
+    assert not missing, f"The metric table of docs/operations.md lists metrics the proxy does not expose: {sorted(missing)}"
 
 
 def test_metrics_of_a_gateway_are_documented(lab, tmp_path):
@@ -129,8 +129,8 @@ def test_audit_lines_have_the_fields_readme_shows(proxy_with_traffic):
     seen = set()
     for entry in proxy_with_traffic.audit():
         event = entry["event"]
-        assert event in examples, f"README shows no audit line for event {event!r}: {entry}"
-        assert frozenset(entry) in examples[event], f"{event} line has fields {sorted(entry)}, README shows {examples[event]}"
+        assert event in examples, f"docs/operations.md shows no audit line for event {event!r}: {entry}"
+        assert frozenset(entry) in examples[event], f"{event} line has fields {sorted(entry)}, the docs show {examples[event]}"
         seen.add(event)
     assert seen >= {"request", "tunnel", "tunnel_closed", "dns"}, seen
 

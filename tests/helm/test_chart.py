@@ -865,14 +865,13 @@ def test_rendered_gateway_runs_and_reloads_a_configmap_update(render, tmp_path):
             proc.wait()
 
 
-# --- README ---------------------------------------------------------------------------------
+# --- docs/kubernetes.md ---------------------------------------------------------------------
 
 
 def test_readme_install_command_and_sandbox_pod(helm, tmp_path):
-    """README "Deploy on Kubernetes": the install command renders, and the sandbox pod
-    example is a valid Pod that names the Service, port, CA ConfigMap and label the chart creates."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Deploy on Kubernetes", 1)[1].split("\n## ", 1)[0]
+    """docs/kubernetes.md: the install command renders, and the sandbox pod example is a
+    valid Pod that names the Service, port, CA ConfigMap and label the chart creates."""
+    section = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
     install = next(
         b
         for b in re.findall(r"```sh\n(.*?)```", section, re.DOTALL)

@@ -1,7 +1,7 @@
 """The chart README's examples as a user copies them, and the pod snippets NOTES.txt
 prints: each renders with the real helm and passes `kubernetes-validate --strict`
 (what cannot run without a cluster is at least rendered and validated). The main
-README's install command and sandbox pod are in test_chart.py.
+docs/kubernetes.md's install command and sandbox pod are in test_chart.py.
 """
 
 from __future__ import annotations

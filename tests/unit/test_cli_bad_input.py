@@ -269,7 +269,7 @@ def test_every_flag_has_a_bad_value_case():
 )
 def test_redirect_rules_apply_failure_is_one_line(prefix, env_path, words):
     """`--apply` where nft cannot do it: the rules are still printed on stdout, the failure
-    is one line on stderr, exit 1 (README: Redirect rules)."""
+    is one line on stderr, exit 1 (docs/transparent.md: Redirect rules)."""
     if prefix and os.geteuid() != 0:
         pytest.skip("dropping CAP_NET_ADMIN from the bounding set needs root")
     env = {**os.environ, "PATH": env_path} if env_path else None

@@ -22,6 +22,8 @@ from documented import (
     REPO,
     SPEC_REASON_CODES,
     cli_flags,
+    docs_text,
+    page,
     readme_label_values,
     readme_metrics,
     readme_reason_codes,
@@ -120,9 +122,9 @@ def attributed_flags(line: str):
 
 
 def test_readme_command_line_synopsis_has_every_flag():
-    """README "Command line" lists every subcommand with all its flags, as `--help` has them."""
-    block = re.search(r"```\n(.*?)```", section(README.read_text(encoding="utf-8"), "## Command line"), re.S)
-    assert block, "README's Command line section has no synopsis block"
+    """docs/cli.md lists every subcommand with all its flags, as `--help` has them."""
+    block = re.search(r"```\n(.*?)```", section(page("cli.md"), "# Command line"), re.S)
+    assert block, "docs/cli.md has no synopsis block"
     synopsis: dict[str, set[str]] = {}
     current = None
     for line in block.group(1).splitlines():
@@ -134,23 +136,23 @@ def test_readme_command_line_synopsis_has_every_flag():
     for tool, names in subcommands().items():
         for name in names:
             command = f"{tool} {name}"
-            assert command in synopsis, f"README's Command line has no `{command}`"
+            assert command in synopsis, f"docs/cli.md has no `{command}`"
             missing = cli_flags()[command] - {"--help"} - synopsis[command]
-            assert not missing, f"`{command}` flags missing from README's Command line: {sorted(missing)}"
+            assert not missing, f"`{command}` flags missing from docs/cli.md: {sorted(missing)}"
             extra = synopsis[command] - cli_flags()[command]
-            assert not extra, f"README's Command line gives `{command}` flags it does not have: {sorted(extra)}"
+            assert not extra, f"docs/cli.md gives `{command}` flags it does not have: {sorted(extra)}"
 
 
 def test_every_flag_is_explained_in_readme():
     """Beyond the synopsis: each flag of `run`, `redirect-rules` and `egress-hooks` is
-    described somewhere else in README too (a table row or a sentence)."""
-    text = README.read_text(encoding="utf-8")
-    synopsis = re.search(r"```\n(.*?)```", section(text, "## Command line"), re.S)
+    described somewhere else in README or docs/ too (a table row or a sentence)."""
+    text = docs_text()
+    synopsis = re.search(r"```\n(.*?)```", section(page("cli.md"), "# Command line"), re.S)
     assert synopsis
     prose = text.replace(synopsis.group(0), "")
     for command, flags in cli_flags().items():
         for flag in flags - {"--help"}:
-            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", prose), f"{command} {flag} is not explained in README"
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", prose), f"{command} {flag} is not explained in README or docs/"
 
 
 def test_version_flags_documented():
@@ -163,11 +165,11 @@ def test_version_flags_documented():
 def test_every_reason_code_is_in_readme():
     documented = readme_reason_codes()
     missing = (reason_codes() | SPEC_REASON_CODES) - set(documented)
-    assert not missing, f"reason codes missing from README's Reason codes table: {sorted(missing)}"
+    assert not missing, f"reason codes missing from the Reason codes table of docs/decisions.md: {sorted(missing)}"
 
 
 def test_reason_code_constants_are_used_as_written():
-    """The reason codes counted in `egress/` are the strings README lists (no renamed
+    """The reason codes counted in `egress/` are the strings the docs list (no renamed
     constant left behind)."""
     source = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "egress").rglob("*.py"))
     for code in reason_codes():
@@ -178,14 +180,14 @@ def test_every_egress_header_is_documented():
     source = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "egress").rglob("*.py"))
     headers = set(re.findall(r"X-Egress-[A-Za-z-]+", source))
     assert headers >= {"X-Egress-Denied", "X-Egress-Error"}
-    text = README.read_text(encoding="utf-8")
+    text = docs_text()
     for header in headers | {"Proxy-Authenticate", "Proxy-Authorization"}:
         assert f"`{header}" in text, header
 
 
 def test_every_metric_and_its_labels_are_in_readme():
     """Every egress_* metric the package defines, with its type and label names, is a row of
-    README's metric table (a real /metrics scrape checks the same in tests/e2e)."""
+    the metric table of docs/operations.md (a real /metrics scrape checks the same in tests/e2e)."""
     from prometheus_client import REGISTRY
 
     # Each registers its metrics on import; egress.mitm.master imports every addon the proxy
@@ -201,11 +203,11 @@ def test_every_metric_and_its_labels_are_in_readme():
     assert len(collectors) >= 15
     for collector in collectors:
         name = collector._name + ("_total" if collector._type == "counter" else "_info" if collector._type == "info" else "")
-        assert name in documented, f"{name} is missing from README's metric table"
+        assert name in documented, f"{name} is missing from the metric table of docs/operations.md"
         doc_type, doc_labels = documented[name]
-        assert doc_type == collector._type, f"{name}: README says {doc_type}, the code {collector._type}"
+        assert doc_type == collector._type, f"{name}: docs say {doc_type}, the code {collector._type}"
         labels = set(collector._labelnames) | (set() if collector._type != "info" else set(doc_labels))
-        assert labels == doc_labels, f"{name}: README labels {sorted(doc_labels)}, the code {sorted(labels)}"
+        assert labels == doc_labels, f"{name}: docs labels {sorted(doc_labels)}, the code {sorted(labels)}"
     assert set(documented) == {
         c._name + ("_total" if c._type == "counter" else "_info" if c._type == "info" else "") for c in collectors
     }
@@ -216,7 +218,7 @@ def test_every_metric_and_its_labels_are_in_readme():
 
 def test_documented_reason_codes_exist():
     extra = set(readme_reason_codes()) - reason_codes()
-    assert not extra, f"README's Reason codes table lists codes egress/ never uses: {sorted(extra)}"
+    assert not extra, f"The Reason codes table of docs/decisions.md lists codes egress/ never uses: {sorted(extra)}"
 
 
 def test_reason_codes_in_docs_exist():
@@ -358,5 +360,5 @@ def test_documented_label_values_are_the_ones_the_code_produces():
     documented = readme_label_values()
     for key, values in code_label_values().items():
         assert values, f"found no values for {key} in the code"
-        assert key in documented, f"README's metric table does not list the values of {key[0]}{{{key[1]}}}"
-        assert documented[key] == values, f"{key[0]}{{{key[1]}}}: README {sorted(documented[key])}, code {sorted(values)}"
+        assert key in documented, f"The metric table of docs/operations.md does not list the values of {key[0]}{{{key[1]}}}"
+        assert documented[key] == values, f"{key[0]}{{{key[1]}}}: docs {sorted(documented[key])}, code {sorted(values)}"

@@ -1,6 +1,6 @@
-"""README's spec examples, run as written with the installed `egress-proxy check`: the
-example spec is valid, the `check` output shown is what `check` prints, and the
-command in examples/spec.yaml's header works."""
+"""The docs' examples, run as written with the installed `egress-proxy check`: the example
+spec (README and docs/spec.md) is valid, the `check` output shown is what `check` prints,
+and the command in examples/spec.yaml's header works."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import socket
 import subprocess
 
-from documented import README, REPO, script, section
+from documented import README, REPO, page, script, section
 
 
 def check(path, env_extra=None, cwd=None) -> subprocess.CompletedProcess[str]:
@@ -20,21 +20,21 @@ def check(path, env_extra=None, cwd=None) -> subprocess.CompletedProcess[str]:
 
 
 def test_readme_spec_example_is_valid(tmp_path):
-    text = section(README.read_text(encoding="utf-8"), "## The environment spec")
-    example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
-    path = tmp_path / "spec.yaml"
-    path.write_text(example, encoding="utf-8")
-    done = check(path, {"GITHUB_TOKEN": "ghp_example"})
-    assert done.returncode == 0, done.stderr
-    assert "ok (3 allowlist entries, mode enforce)" in done.stdout
+    for text in (section(README.read_text(encoding="utf-8"), "## An environment spec"), page("spec.md")):
+        example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+        path = tmp_path / "spec.yaml"
+        path.write_text(example, encoding="utf-8")
+        done = check(path, {"GITHUB_TOKEN": "ghp_example"})
+        assert done.returncode == 0, done.stderr
+        assert "ok (3 allowlist entries, mode enforce)" in done.stdout
 
 
 def test_readme_check_output_is_what_check_prints(tmp_path):
     """The `$ egress-proxy check --spec bad.yaml` block: a spec with the two problems it
     shows gets exactly those lines, and exit 1."""
-    text = section(README.read_text(encoding="utf-8"), "## The environment spec")
+    text = page("spec.md")
     block = re.search(r"```\n\$ egress-proxy check --spec bad.yaml\n(.*?)```", text, re.S)
-    assert block, "README's spec section has no `check` example"
+    assert block, "docs/spec.md has no `check` example"
     (tmp_path / "bad.yaml").write_text(
         'network:\n  allowlist:\n    - domain: "*.com"\n    - domain: "*"\n      transform: {Authorization: "Bearer x"}\n',
         encoding="utf-8",
@@ -60,9 +60,9 @@ def test_example_spec_header_command_works():
 
 
 def test_readme_hooks_example_as_written():
-    """README "Hooks": the commands run in the repository as shown (the installed
+    """docs/hooks-basics.md: the commands run in the repository as shown (the installed
     scripts in place of `.venv/bin/`), and print what the comments say."""
-    text = section(README.read_text(encoding="utf-8"), "## Hooks: `egress-hooks`")
+    text = page("hooks-basics.md")
     block = re.search(r"```sh\n(.*?)```", text, re.S).group(1).splitlines()
     bin_dir = os.path.dirname(script("egress-hooks"))
     claims = []

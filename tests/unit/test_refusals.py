@@ -2,7 +2,7 @@
 
 The wire form is what mitmproxy's HTTP/1 writer (`assemble_response`) sends for the
 response. Pinned byte for byte: status line, header names, order and values, body.
-A change here changes the public contract (SPEC §3 and §7, README), so it must be
+A change here changes the public contract (SPEC §3 and §7, docs/decisions.md), so it must be
 deliberate. The end-to-end versions (real proxy, real clients) are in
 tests/e2e/test_proxy_core.py, test_gateway.py, test_passthrough.py,
 test_reliability.py, test_parent_proxy.py and test_attack_corpus.py.
