@@ -19,15 +19,20 @@ import logging
 import socket
 from collections.abc import Callable
 
-from mitmproxy import dns
+from mitmproxy import ctx, dns
 
+from egress.addons.failsafe import fail_closed_call, fault_injected
+from egress.addons.refuse import refuse
 from egress.dns import fast as dns_fast
 from egress.dns import policy as dp
 from egress.dns import wire as dns_wire
 from egress.dns.answer_memo import AnswerMemo
 from egress.dns.cache import AddressCache
 from egress.dns.forward import forward, system_nameserver
+from egress.mitm.patches import dns_listener
 from egress.mitm.patches.dns_listener import DROP_KEY, RAW, UNPARSED, WIRE_KEY
+from egress.net.hostport import HostPortError, parse_hostport
+from egress.net.listen_modes import dns_modes
 from egress.net.resolver import ResolveError, resolve_family
 from egress.ops.audit import DecisionLog
 from egress.policy.addresses import IPAddress
@@ -69,6 +74,31 @@ class DnsFilter:
         self._nameserver = nameserver
         self.cache = cache if cache is not None else AddressCache()
         self.memo = AnswerMemo(self.cache.clock)
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "egress_dns_listen", str | None, None,
+            "HOST:PORT: answer DNS (UDP and TCP) there from the same spec; names not allowlisted get NXDOMAIN.",
+        )  # fmt: skip
+
+    def configure(self, updated: set[str]) -> None:
+        if "egress_dns_listen" not in updated:
+            return
+        where = ctx.options.egress_dns_listen
+        if not where:
+            dns_listener.serve_with(None)
+            return
+        try:
+            host, port = parse_hostport(where, "egress_dns_listen")
+        except HostPortError as exc:
+            return refuse(str(exc))
+        # The fast path is left out while a test fault is set for the hook: that must
+        # show the full path failing closed, and the fast path falls back to it anyway.
+        fast = None if fault_injected("DnsFilter", "dns_request") else self.answer_datagram
+        dns_listener.serve_with(fail_closed_call("DnsFilter", "dns_request", self.answer_now), fast)
+        missing = [m for m in dns_modes(host, port) if m not in ctx.options.mode]
+        if missing:  # loaded as a mitmproxy script: egress-proxy run lists them itself
+            ctx.options.update(mode=[*ctx.options.mode, *missing])
 
     def answer_now(self, flow: dns.DNSFlow) -> bool:
         """Decide and, where no I/O is needed, answer: True when done (answer or drop in `flow.metadata`).

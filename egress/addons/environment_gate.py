@@ -28,21 +28,21 @@ check is skipped) gets a spec that allows nothing: fail closed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from mitmproxy import connection, ctx, http
 
 from egress.addons.limits import REFUSED
-from egress.environments.registry import EnvironmentRegistry
+from egress.addons.policy_source import ALLOWS_NOTHING, PolicySource
+from egress.environments.source import SpecSource
 from egress.mitm import refusals
+from egress.net.limits import DEFAULTS
 from egress.ops.audit import DecisionLog
 from egress.policy import decisions as policy
-from egress.policy.domains import Allowlist, HostError, normalize_host
+from egress.policy.domains import HostError, normalize_host
 from egress.policy.spec import Spec
 from egress.wire import proxy_auth
 
 logger = logging.getLogger(__name__)
-ALLOWS_NOTHING = Spec(allowlist=Allowlist())
 
 
 def _host(raw: str) -> str:
@@ -58,9 +58,8 @@ def _client_label(client: connection.Client) -> str:
 
 
 class EnvironmentGate:
-    def __init__(self, registry: EnvironmentRegistry | None, single: Callable[[], Spec] | None, log: DecisionLog):
-        self.registry = registry  # None: --spec, one environment, no proxy auth
-        self.single = single
+    def __init__(self, source: PolicySource | SpecSource, log: DecisionLog):
+        self.source = source  # proves_environment False: --spec, one environment, no proxy auth
         self.log = log
         self.bound: dict[str, str] = {}  # client id -> environment
         self.tunnels: set[str] = set()  # client ids whose CONNECT was answered: all later traffic is in it
@@ -68,22 +67,18 @@ class EnvironmentGate:
 
     def load(self, loader) -> None:
         loader.add_option(
-            "egress_max_connections_per_environment", int, 1024,
+            "egress_max_connections_per_environment", int, DEFAULTS["egress_max_connections_per_environment"],
             "--spec-dir: client connections bound to one environment at once; more are refused with 429. 0 disables.",
         )  # fmt: skip
 
     def spec_for(self, client_id: str) -> Spec:
-        if self.registry is None:
-            assert self.single is not None
-            return self.single()
-        environment = self.bound.get(client_id)
-        spec = self.registry.spec(environment) if environment is not None else None
+        spec = self.source.spec_of(self.bound.get(client_id) if self.source.proves_environment else None)
         return spec if spec is not None else ALLOWS_NOTHING
 
     # -- hooks ------------------------------------------------------------------------
     def http_connect(self, flow: http.HTTPFlow) -> None:
         header = flow.request.headers.pop(proxy_auth.HEADER, None)
-        if self.registry is not None:
+        if self.source.proves_environment:
             self._admit(flow, header)
 
     def http_connected(self, flow: http.HTTPFlow) -> None:
@@ -91,18 +86,18 @@ class EnvironmentGate:
         # One the guard refused (403) or could not dial (502) leaves the connection a plain
         # one: its later requests must prove the same environment again (a red-team find:
         # they were taken as "in the tunnel" and served with other or no credentials).
-        if self.registry is not None and flow.client_conn.id in self.bound:
+        if self.source.proves_environment and flow.client_conn.id in self.bound:
             self.tunnels.add(flow.client_conn.id)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         header = flow.request.headers.pop(proxy_auth.HEADER, None)
-        if self.registry is None or flow.response is not None:
+        if not self.source.proves_environment or flow.response is not None:
             return
         client = flow.client_conn
         if client.id in self.tunnels:
             # Proven by the CONNECT; the header inside the tunnel was the origin's business.
             environment = self.bound.get(client.id, "")
-            if self.registry.spec(environment) is None:
+            if self.source.spec_of(environment) is None:
                 self._refuse(flow, environment, close=False)
             return
         self._admit(flow, header)
@@ -120,12 +115,11 @@ class EnvironmentGate:
     # -- deciding -----------------------------------------------------------------------
     def _admit(self, flow: http.HTTPFlow, header: str | None) -> bool:
         """Check the credentials of a CONNECT or plain-HTTP request; answer it if they fail."""
-        assert self.registry is not None
         client = flow.client_conn
-        result = proxy_auth.authenticate(header, self.registry.spec)
+        result = proxy_auth.authenticate(header, self.source.spec_of)
         bound = self.bound.get(client.id)
         if bound is not None:
-            if result.environment != bound or self.registry.spec(bound) is None:
+            if result.environment != bound or self.source.spec_of(bound) is None:
                 # One connection, one environment: switching is refused and ends the connection.
                 self._refuse(flow, result.named or bound, close=True)
                 return False

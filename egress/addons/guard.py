@@ -19,7 +19,7 @@ Hook by hook:
                      destination (for a CONNECT tunnel: take over the connection
                      dialled at CONNECT); anything else is refused (fail closed).
 With `--upstream-proxy` every dial above (ours and mitmproxy's own, see
-`egress.addons.tunnel`) is a `CONNECT <checked-ip>:<port>` through the parent
+`egress.mitm.patches.connect_handoff`) is a `CONNECT <checked-ip>:<port>` through the parent
 (`egress.net.parent_proxy`); nothing else here changes.
 Policy lives in `egress.policy.decisions` / `egress.net.destinations`; this file only wires it in.
 """
@@ -36,12 +36,14 @@ from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
 from mitmproxy.proxy.layers.http import HTTPMode
 from mitmproxy.proxy.layers.tls import HTTP_ALPNS
 
+from egress.addons.refuse import refuse
 from egress.addons.tunnel import RefuseLayer, RelayLayer, can_take_over
 from egress.mitm import refusals
 from egress.mitm.patches import connect_handoff
 from egress.mitm.patches.connect_handoff import connecting_to, hand_to_mitmproxy
-from egress.net import upstream
+from egress.net import parent_proxy, upstream
 from egress.net.destinations import DestinationChecker
+from egress.net.hostport import HostPortError, parse_hostport
 from egress.net.parent_proxy import ParentProxy
 from egress.net.relay import Side
 from egress.ops import metrics
@@ -130,14 +132,55 @@ def _normalized(host: str) -> str | None:
 
 
 class DestinationGuard:
-    def __init__(self, checker: DestinationChecker, log: DecisionLog, parent: ParentProxy | None = None):
+    def __init__(
+        self, checker: DestinationChecker, log: DecisionLog, parent: ParentProxy | None = None, parent_from: tuple = (None, None)
+    ):
+        """`parent`: already parsed by `egress-proxy run` from `parent_from` (its two options' values)."""
         self.checker = checker
         self.log = log
         self.parent = parent  # --upstream-proxy: every upstream connection is a CONNECT through it
+        self._parent_from = parent_from if parent is not None else (None, None)
         self.clients: dict[str, ClientState] = {}
         self._dialing: dict[str, tuple[str, int]] = {}
 
     def load(self, loader) -> None:
+        loader.add_option(
+            "egress_upstream_proxy", str | None, None,
+            "Reach the internet through a parent proxy, http://HOST:PORT: every upstream connection is a "
+            "CONNECT to the checked IP address through it.",
+        )  # fmt: skip
+        loader.add_option(
+            "egress_upstream_proxy_auth", str | None, None,
+            "Credentials for the parent proxy by reference, e.g. 'USER:${file:/run/secrets/parent-password}' "
+            "or '${env:PARENT_AUTH}' (USER:PASSWORD); sent to the parent only.",
+        )  # fmt: skip
+        connect_handoff.use_parent(self.parent)
+
+    def configure(self, updated: set[str]) -> None:
+        if updated & {"listen_host", "egress_dns_listen"}:
+            # The proxy's own listen addresses are never a destination (proxy_self).
+            hosts = [ctx.options.listen_host]
+            if ctx.options.egress_dns_listen:
+                try:
+                    hosts.append(parse_hostport(ctx.options.egress_dns_listen, "egress_dns_listen")[0])
+                except HostPortError:
+                    pass  # refused by the DNS filter, which owns the option
+            self.checker.local.listen_on(hosts)
+        if not updated & {"egress_upstream_proxy", "egress_upstream_proxy_auth"}:
+            return
+        given = (ctx.options.egress_upstream_proxy, ctx.options.egress_upstream_proxy_auth)
+        if given == self._parent_from:
+            return
+        if given[0] is None:
+            if given[1] is not None:
+                return refuse("egress_upstream_proxy_auth needs egress_upstream_proxy")
+            self.parent = None
+        else:
+            try:
+                self.parent = parent_proxy.parse(*given)
+            except parent_proxy.ParentProxyError as exc:
+                return refuse(str(exc))
+        self._parent_from = given
         connect_handoff.use_parent(self.parent)
 
     def _state(self, client: connection.Client) -> ClientState:

@@ -32,6 +32,7 @@ from mitmproxy.proxy import events, layer, mode_specs
 
 from egress.mitm import refusals
 from egress.mitm.patches import head_limit
+from egress.net.limits import DEFAULTS
 from egress.ops import metrics
 
 logger = logging.getLogger(__name__)
@@ -55,29 +56,29 @@ class ConnectionLimits:
 
     def load(self, loader) -> None:
         loader.add_option(
-            "egress_connect_timeout", int, 10,
+            "egress_connect_timeout", int, DEFAULTS["egress_connect_timeout"],
             "Seconds an upstream TCP connect may take before the client gets 502.",
         )  # fmt: skip
         loader.add_option(
-            "egress_read_timeout", int, 120,
+            "egress_read_timeout", int, DEFAULTS["egress_read_timeout"],
             "Seconds the upstream may take to start its response after the request was sent; "
             "then 504 (502 for TLS or HTTP/2 upstreams). Keep it below tcp_timeout.",
         )  # fmt: skip
         loader.add_option(
-            "egress_header_timeout", int, 30,
+            "egress_header_timeout", int, DEFAULTS["egress_header_timeout"],
             "Seconds a client connection with no request in flight has to deliver a complete "
             "request head (slow or idle clients are closed). 0 disables.",
         )  # fmt: skip
         loader.add_option(
-            "egress_max_connections", int, 4096,
+            "egress_max_connections", int, DEFAULTS["egress_max_connections"],
             "Client connections open at once, all clients together; more are closed at accept. 0 disables.",
         )  # fmt: skip
         loader.add_option(
-            "egress_max_connections_per_client", int, 256,
+            "egress_max_connections_per_client", int, DEFAULTS["egress_max_connections_per_client"],
             "Client connections open at once from one client address; more are closed at accept. 0 disables.",
         )  # fmt: skip
         loader.add_option(
-            "egress_max_header_bytes", int, 65536,
+            "egress_max_header_bytes", int, DEFAULTS["egress_max_header_bytes"],
             "Largest HTTP/1 request or response head (request line and headers) in bytes: 431 to the client.",
         )  # fmt: skip
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from egress import __version__
+from egress.net.limits import DEFAULTS, IDLE_TIMEOUT
+from egress.ops.metrics_server import DEFAULT_LISTEN as DEFAULT_METRICS_LISTEN
 from egress.policy.spec import SpecError, load_spec
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
-DEFAULT_METRICS_LISTEN = "127.0.0.1:9090"
 DEFAULT_CONFDIR = "~/.egress-proxy"
 # mitmproxy options whose change would break a guarantee rather than tune behaviour.
 _REFUSED_OPTIONS = {
@@ -38,13 +39,13 @@ _REFUSED_OPTIONS = {
 
 # `run` flags for timeouts and connection caps (egress/addons/limits.py) and the options they set.
 _LIMIT_FLAGS = (
-    ("--connect-timeout", 10, "upstream TCP connect; then 502"),
-    ("--read-timeout", 120, "upstream's time to start answering a request; then 504 (502 over TLS)"),
-    ("--idle-timeout", 180, "close a connection silent in both directions (mitmproxy's tcp_timeout)"),
-    ("--header-timeout", 30, "a client connection with no request in flight must send a full request head"),
-    ("--max-connections", 4096, "client connections at once, all clients"),
-    ("--max-connections-per-client", 256, "client connections at once from one client address"),
-    ("--max-connections-per-environment", 1024, "--spec-dir: client connections at once bound to one environment"),
+    ("--connect-timeout", "upstream TCP connect; then 502"),
+    ("--read-timeout", "upstream's time to start answering a request; then 504 (502 over TLS)"),
+    ("--idle-timeout", "close a connection silent in both directions (mitmproxy's tcp_timeout)"),
+    ("--header-timeout", "a client connection with no request in flight must send a full request head"),
+    ("--max-connections", "client connections at once, all clients"),
+    ("--max-connections-per-client", "client connections at once from one client address"),
+    ("--max-connections-per-environment", "--spec-dir: client connections at once bound to one environment"),
 )
 
 
@@ -69,8 +70,8 @@ class UsageError(Exception):
 
 
 def parse_hostport(text: str, flag: str) -> tuple[str, int]:
-    from egress.cli.hostport import HostPortError
-    from egress.cli.hostport import parse_hostport as parse
+    from egress.net.hostport import HostPortError
+    from egress.net.hostport import parse_hostport as parse
 
     try:
         return parse(text, flag)
@@ -79,7 +80,7 @@ def parse_hostport(text: str, flag: str) -> tuple[str, int]:
 
 
 def _check_can_listen(text: str, host: str, port: int, flag: str, transports: tuple[str, ...] = ("tcp",)) -> None:
-    from egress.cli.hostport import HostPortError, check_can_listen
+    from egress.net.hostport import HostPortError, check_can_listen
 
     try:
         check_can_listen(text, host, port, flag, transports)
@@ -142,7 +143,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--report-only", action="store_true", help="like `network.mode: report`: log and count would-be blocks, let them pass"
     )
     limits = run.add_argument_group("timeouts and limits (seconds / connections; 0 disables)")
-    for flag, default, help_text in _LIMIT_FLAGS:
+    for flag, help_text in _LIMIT_FLAGS:
+        default = IDLE_TIMEOUT if flag == "--idle-timeout" else DEFAULTS[_limit_option(flag)]
         limits.add_argument(flag, type=_count, default=default, metavar="N", help=f"{help_text} (default {default})")
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
     run.add_argument(
@@ -272,23 +274,12 @@ def _load_policy(args: argparse.Namespace, count_reloads: bool):
 
 def _upstream_bundle(confdir: Path, extra: str) -> str:
     """certifi's roots plus the operator's CA: adding a private CA must not drop the public ones."""
-    import certifi
+    from egress.addons.upstream_trust import BundleError, write_bundle
 
     try:
-        extra_pem = Path(extra).read_text(encoding="ascii")
-    except UnicodeDecodeError:
-        raise UsageError(f"--upstream-ca {extra}: not a PEM file (not ASCII text)") from None
-    except OSError as exc:
-        raise UsageError(f"--upstream-ca {extra}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    if "-----BEGIN CERTIFICATE-----" not in extra_pem:
-        raise UsageError(f"--upstream-ca {extra}: no PEM certificate in file")
-    bundle = confdir / "egress-upstream-ca.pem"
-    # Written aside and renamed: with --workers, a worker starting later rewrites the
-    # file while another may be reading it.
-    partial = confdir / f".egress-upstream-ca.pem.{os.getpid()}"
-    partial.write_text(Path(certifi.where()).read_text(encoding="ascii") + "\n" + extra_pem, encoding="ascii")
-    os.replace(partial, bundle)
-    return str(bundle)
+        return write_bundle(confdir, extra)
+    except BundleError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _parent_proxy(args: argparse.Namespace):
@@ -307,7 +298,6 @@ def _parent_proxy(args: argparse.Namespace):
 
 async def _run(args: argparse.Namespace) -> int:
     from egress.addons.readiness import Readiness
-    from egress.environments.registry import EnvironmentRegistry
     from egress.mitm import workers
     from egress.mitm.master import build_master
     from egress.ops import metrics
@@ -344,7 +334,8 @@ async def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--confdir {confdir}: exists and is not a directory") from None
     except OSError as exc:
         raise UsageError(f"--confdir {confdir}: cannot create ({exc.strerror})") from None
-    upstream_ca = _upstream_bundle(confdir, args.upstream_ca) if args.upstream_ca else None
+    if args.upstream_ca:  # checked here, before anything listens; UpstreamTrust installs it
+        _upstream_bundle(confdir, args.upstream_ca)
     parent = _parent_proxy(args)
 
     if worker is None and args.workers > 1:
@@ -355,6 +346,18 @@ async def _run(args: argparse.Namespace) -> int:
             raise UsageError(f"--metrics-listen {args.metrics_listen}: cannot listen ({exc.strerror})") from None
     readiness = worker.readiness() if worker else Readiness()
     metrics_server = None
+    egress_options: dict[str, object] = {
+        "egress_spec": args.spec,
+        "egress_spec_dir": args.spec_dir,
+        "egress_report_only": args.report_only,
+        "egress_log_format": args.log_format,
+        "egress_dns_listen": args.dns_listen if dns_listen else None,
+        "egress_upstream_proxy": args.upstream_proxy,
+        "egress_upstream_proxy_auth": args.upstream_proxy_auth,
+        "egress_upstream_ca": args.upstream_ca,
+        # With --workers the supervisor serves /metrics for all of them.
+        "egress_metrics_listen": "" if worker is not None else args.metrics_listen,
+    }
     if worker is not None:
         workers.listen_with_reuseport()  # the supervisor serves /metrics for all workers
     else:
@@ -369,12 +372,14 @@ async def _run(args: argparse.Namespace) -> int:
             listen_port=listen_port,
             mode=args.mode,
             confdir=str(confdir),
-            upstream_ca=upstream_ca,
+            egress_options=egress_options,
             extra_options=extra,
             log=DecisionLog(args.log_format),
             readiness=readiness,
             dns_listen=dns_listen,
             parent=parent,
+            metrics_server=metrics_server,
+            count_reloads=worker is None or worker.counts_reloads,
         )
     except Exception as exc:  # mitmproxy reports bad option values as exceptions
         raise UsageError(f"--set: {exc}") from None
@@ -383,10 +388,7 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, m.shutdown)
     loop.add_signal_handler(signal.SIGHUP, holder.reload, "sighup")
     metrics.set_build_info()
-    if isinstance(holder, EnvironmentRegistry):
-        loaded = f"{len(holder)} environments from {args.spec_dir} (proxy auth required)"
-    else:
-        loaded = f"{len(holder.spec.entries)} allowlist entries (mode {holder.spec.mode})"
+    loaded = holder.summary()
     print(
         f"egress-proxy: {args.mode} proxy on {args.listen}, metrics on {args.metrics_listen}, "
         + (f"DNS on {args.dns_listen}, " if dns_listen else "")

@@ -158,12 +158,15 @@ class _Loaded:
 
 
 class EnvironmentRegistry:
-    """The environments in force; `spec(environment)` is read once per new decision."""
+    """The environments in force (`--spec-dir`); `spec(environment)` is read once per new
+    decision. A `SpecSource`."""
 
     POLL_SECONDS = 0.5
+    proves_environment = True
 
     def __init__(self, directory: str | Path, report_only: bool = False, count_reloads: bool = True):
         self.directory = Path(directory)
+        self._as_given = str(directory)  # as the operator wrote it, for messages
         self.report_only = report_only
         self.count_reloads = count_reloads  # with --workers, one worker counts
         loaded, problems = _load_all(self.directory, report_only)
@@ -181,6 +184,12 @@ class EnvironmentRegistry:
     def spec(self, environment: str) -> Spec | None:
         loaded = self._environments.get(environment)
         return loaded.spec if loaded is not None else None
+
+    def spec_of(self, environment: str | None) -> Spec | None:
+        return self.spec(environment) if environment is not None else None
+
+    def summary(self) -> str:
+        return f"{len(self)} environments from {self._as_given} (proxy auth required)"
 
     @property
     def environments(self) -> list[str]:

@@ -44,7 +44,10 @@ def _log(event: str, **fields: object) -> None:
 
 
 class SpecHolder:
+    """One spec file (`--spec`): every client is held to it. A `SpecSource`."""
+
     POLL_SECONDS = 0.5
+    proves_environment = False
 
     def __init__(self, path: str | Path, report_only: bool = False, count_reloads: bool = True):
         self.path = str(path)
@@ -67,6 +70,12 @@ class SpecHolder:
         metrics.ALLOWLIST_ENTRIES.set(len(spec.entries))
         metrics.ENVIRONMENTS.set(1)
         metrics.CONFIG_LAST_SUCCESS.set(time.time())
+
+    def spec_of(self, environment: str | None) -> Spec:
+        return self.spec
+
+    def summary(self) -> str:
+        return f"{len(self.spec.entries)} allowlist entries (mode {self.spec.mode})"
 
     def reload(self, trigger: str) -> bool:
         """Load the spec again; keep the old one if the new one is invalid."""

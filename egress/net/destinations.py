@@ -21,7 +21,7 @@ class DestinationChecker:
         # client connection id -> the spec in force for that client's environment
         # (the one spec with --spec; with --spec-dir, see egress.addons.environment_gate).
         self._spec_for = spec_for
-        self._local = local_addresses
+        self.local = local_addresses
 
     def spec_for(self, client_id: str) -> Spec:
         return self._spec_for(client_id)
@@ -41,5 +41,5 @@ class DestinationChecker:
             addresses = await resolve(decision.host, port)
         except ResolveError:
             return policy.with_reason(spec, decision, policy.RESOLVE_FAILED), None
-        address, decision = policy.pick_address(spec, decision, addresses, self._local.__contains__)
+        address, decision = policy.pick_address(spec, decision, addresses, self.local.__contains__)
         return decision, address

@@ -87,6 +87,10 @@ class LocalAddresses:
     REFRESH_SECONDS = 5.0
 
     def __init__(self, listen_hosts: list[str]):
+        self.listen_on(listen_hosts)
+
+    def listen_on(self, listen_hosts: list[str]) -> None:
+        """The proxy's own listen addresses (an unspecified one adds nothing beyond the machine's)."""
         self._explicit = {ip for h in listen_hosts if (ip := parse_ip_literal(h)) is not None}
         self._cached: set[IPAddress] = set()
         self._read_at = float("-inf")

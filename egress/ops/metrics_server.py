@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
+DEFAULT_LISTEN = "127.0.0.1:9090"
 
 def serve_metrics(
     host: str, port: int, is_ready: Callable[[], bool], registry: CollectorRegistry = REGISTRY

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from egress.environments.registry import EnvironmentRegistry, environment_problem, load_directory, spec_files
+from egress.environments.single import SpecHolder
 from egress.ops import metrics
 from egress.policy.spec import SpecError, parse_spec
 from egress.wire import proxy_auth
@@ -288,10 +289,12 @@ def test_traffic_of_no_client_connection_gets_a_spec_that_allows_nothing(tmp_pat
     from egress.ops.audit import DecisionLog
 
     (tmp_path / "a.yaml").write_text(spec_text("'*'"))
-    gate = EnvironmentGate(EnvironmentRegistry(tmp_path), None, DecisionLog())
+    gate = EnvironmentGate(EnvironmentRegistry(tmp_path), DecisionLog())
     checker = DestinationChecker(gate.spec_for, LocalAddresses(["127.0.0.1"]))
     assert checker.spec is ALLOWS_NOTHING and checker.spec_for("some-client") is ALLOWS_NOTHING
     gate.bound["some-client"] = "a"
     assert checker.spec_for("some-client").environment == "a"
-    single = parse_spec(spec_text("'*'"))
-    assert DestinationChecker(EnvironmentGate(None, lambda: single, DecisionLog()).spec_for, LocalAddresses([])).spec is single
+    single = tmp_path / "single.yaml"
+    single.write_text(spec_text("'*'"))
+    holder = SpecHolder(single)
+    assert DestinationChecker(EnvironmentGate(holder, DecisionLog()).spec_for, LocalAddresses([])).spec is holder.spec
