@@ -9,6 +9,7 @@ every decision is made against a spec that allows nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from mitmproxy import ctx
 
@@ -19,6 +20,7 @@ from egress.environments.source import SpecSource
 from egress.policy.domains import Allowlist
 from egress.policy.spec import Spec, SpecError
 
+logger = logging.getLogger("egress")
 ALLOWS_NOTHING = Spec(allowlist=Allowlist())
 _OPTIONS = {"egress_spec", "egress_spec_dir", "egress_report_only", "mode"}
 
@@ -78,9 +80,9 @@ class PolicySource:
             self._task = asyncio.get_running_loop().create_task(source.watch())
 
     def running(self) -> None:
-        if self.source is None:
-            refuse("no spec: set egress_spec (one file) or egress_spec_dir (a directory of environments)")
-            return
+        if self.source is None:  # only as a mitmproxy script: egress-proxy run requires one
+            logger.error("egress: no spec: set egress_spec (one file) or egress_spec_dir (a directory of environments)")
+            raise SystemExit(1)
         self._task = asyncio.get_running_loop().create_task(self.source.watch())
 
     def done(self) -> None:
