@@ -28,6 +28,7 @@ from egress.addons.streaming import StreamUnsizedResponses
 from egress.addons.timings import Timings
 from egress.addons.upgrades import ProtocolSwitches
 from egress.addons.upstream_trust import UpstreamTrust
+from egress.addons.workers import Workers
 from egress.environments.source import SpecSource
 from egress.mitm.patches.early_answers import NoContinueForRefusals
 from egress.net.destinations import DestinationChecker
@@ -73,6 +74,7 @@ def chain(
         UpstreamTrust(),
         policy,
         MetricsListener(readiness, metrics_server, metrics_listen),
+        Workers(),
         # Our hooks fail closed: an exception refuses the request/connection (failsafe.py).
         # The environment gate answers 407 before the guard decides anything.
         fail_closed(gate),

@@ -32,7 +32,7 @@ from mitmproxy.proxy import events, layer, mode_specs
 
 from egress.mitm import refusals
 from egress.mitm.patches import head_limit
-from egress.net.limits import DEFAULTS
+from egress.net.limits import DEFAULTS, NO_IDLE_TIMEOUT
 from egress.ops import metrics
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,20 @@ class ConnectionLimits:
             "Largest HTTP/1 request or response head (request line and headers) in bytes: 431 to the client.",
         )  # fmt: skip
 
+        loader.add_option(
+            "egress_idle_timeout", int, DEFAULTS["egress_idle_timeout"],
+            "Seconds a connection may stay silent in both directions before it is closed (sets "
+            "mitmproxy's tcp_timeout). 0 disables.",
+        )  # fmt: skip
+
     def configure(self, updated: set[str]) -> None:
+        if "egress_idle_timeout" in updated:
+            seconds = ctx.options.egress_idle_timeout
+            if seconds < 0:
+                raise exceptions.OptionsError("egress_idle_timeout must be 0 (off) or more")
+            idle = seconds or NO_IDLE_TIMEOUT
+            if ctx.options.tcp_timeout != idle:
+                ctx.options.update(tcp_timeout=idle)
         if "egress_max_header_bytes" in updated:
             if ctx.options.egress_max_header_bytes < 1:  # 0 or less would refuse every request with 431
                 raise exceptions.OptionsError("egress_max_header_bytes must be at least 1")

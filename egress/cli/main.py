@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from egress import __version__
-from egress.net.limits import DEFAULTS, IDLE_TIMEOUT
+from egress.net.limits import DEFAULTS
 from egress.ops.metrics_server import DEFAULT_LISTEN as DEFAULT_METRICS_LISTEN
 from egress.policy.spec import SpecError, load_spec
 
@@ -50,7 +50,12 @@ _LIMIT_FLAGS = (
 
 
 def _limit_option(flag: str) -> str:
-    return "tcp_timeout" if flag == "--idle-timeout" else "egress_" + flag[2:].replace("-", "_")
+    return "egress_" + flag[2:].replace("-", "_")
+
+
+def _mitmproxy_option(flag: str) -> str:
+    """The mitmproxy option a limit flag ends up in, where it is mitmproxy's own."""
+    return "tcp_timeout" if flag == "--idle-timeout" else ""
 
 
 def _count(text: str) -> int:
@@ -96,7 +101,7 @@ def parse_set(values: list[str]) -> dict[str, str]:
             raise UsageError(f"--set: expected NAME=VALUE, got {item!r}")
         if name in _REFUSED_OPTIONS:
             raise UsageError(f"--set {name}: refused ({_REFUSED_OPTIONS[name]})")
-        if flag := next((flag for flag, *_ in _LIMIT_FLAGS if _limit_option(flag) == name), None):
+        if flag := next((flag for flag, *_ in _LIMIT_FLAGS if name in (_limit_option(flag), _mitmproxy_option(flag))), None):
             # The flag checks the value (a negative timeout would pass through --set).
             raise UsageError(f"--set {name}: refused (use {flag})")
         options[name] = value
@@ -144,7 +149,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     limits = run.add_argument_group("timeouts and limits (seconds / connections; 0 disables)")
     for flag, help_text in _LIMIT_FLAGS:
-        default = IDLE_TIMEOUT if flag == "--idle-timeout" else DEFAULTS[_limit_option(flag)]
+        default = DEFAULTS[_limit_option(flag)]
         limits.add_argument(flag, type=_count, default=default, metavar="N", help=f"{help_text} (default {default})")
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
     run.add_argument(
@@ -324,8 +329,6 @@ async def _run(args: argparse.Namespace) -> int:
         if dns_listen:
             _check_can_listen(args.dns_listen, *dns_listen, "--dns-listen", ("udp", "tcp"))
     extra = {_limit_option(flag): str(getattr(args, flag[2:].replace("-", "_"))) for flag, *_ in _LIMIT_FLAGS}
-    if extra["tcp_timeout"] == "0":  # mitmproxy would close every connection at once
-        extra["tcp_timeout"] = str(10 * 365 * 86400)
     extra.update(parse_set(args.set))
     confdir = Path(os.path.expanduser(args.confdir))
     try:
@@ -357,6 +360,7 @@ async def _run(args: argparse.Namespace) -> int:
         "egress_upstream_ca": args.upstream_ca,
         # With --workers the supervisor serves /metrics for all of them.
         "egress_metrics_listen": "" if worker is not None else args.metrics_listen,
+        "egress_workers": args.workers,
     }
     if worker is not None:
         workers.listen_with_reuseport()  # the supervisor serves /metrics for all workers

@@ -9,6 +9,8 @@ DEFAULTS = {
     "egress_max_connections_per_client": 256,
     "egress_max_header_bytes": 65536,
     "egress_max_connections_per_environment": 1024,
+    # Applied as mitmproxy's own `tcp_timeout` (0: ten years, as mitmproxy would close every
+    # connection at once on 0).
+    "egress_idle_timeout": 180,
 }
-# `--idle-timeout`: mitmproxy's own `tcp_timeout` (whose default, 600, mitmdump keeps).
-IDLE_TIMEOUT = 180
+NO_IDLE_TIMEOUT = 10 * 365 * 86400
