@@ -1,4 +1,4 @@
-"""DNS listener benchmark (issue 11): dnsperf through `egress-proxy --dns-listen` vs the resolver direct.
+"""DNS listener benchmark: dnsperf through `egress-proxy --dns-listen` vs the resolver direct.
 
     namespace ebd-N (loopback only)
     ├─ dnsmasq on 127.0.0.1:53 (the proxy's resolv.conf; answers from its command line)

@@ -1,4 +1,4 @@
-"""Benchmark: one gateway for many environments (`egress-proxy run --spec-dir`), issue 13.
+"""Benchmark: one gateway for many environments (`egress-proxy run --spec-dir`).
 
 Targets, 1,000 environments x 20 allowlist entries against the same proxy with one:
 - loaded in <= 3 s (EnvironmentRegistry on a fresh interpreter; and start-to-listening),

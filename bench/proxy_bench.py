@@ -517,7 +517,7 @@ def evaluate(throughput, allowlist_rows, allowlist_runs, worker_runs) -> list[Ta
             if e and m:
                 r = ratio(e, m)
                 t.append(Target(f"{name}, 1 MiB bodies, {conns} conn: egress / bare mitmdump", f"{r:.2f}×", "never < 0.95×", r >= 0.95))
-    # Passthrough targets of issue 12 (relay outside mitmproxy's layer stack).
+    # Passthrough targets (relay outside mitmproxy's layer stack).
     for conns in sorted({r.conns for r in throughput}):
         e = rps_of(throughput, scenario="pass", target="egress", body="small", conns=conns)
         m = rps_of(throughput, scenario="pass", target="mitmdump-pass", body="small", conns=conns)

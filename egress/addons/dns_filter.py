@@ -34,7 +34,7 @@ from egress.mitm.patches.dns_listener import DROP_KEY, RAW, UNPARSED, WIRE_KEY
 from egress.net.hostport import HostPortError, parse_hostport
 from egress.net.listen_modes import dns_modes
 from egress.net.resolver import ResolveError, resolve_family
-from egress.ops.audit import DecisionLog
+from egress.ops.audit import DecisionLog, client_label
 from egress.policy.addresses import IPAddress
 from egress.policy.spec import Spec
 
@@ -265,9 +265,5 @@ class DnsFilter:
     def _record(self, flow: dns.DNSFlow, query: dp.Query, verdict: dp.Verdict) -> None:
         qtype = dp.qtype_label(query.qtype)
         name = query.questions[0][0] if len(query.questions) == 1 else ""
-        self.log.record_dns(verdict, client=_client_label(flow), name=name, qtype=qtype)
+        self.log.record_dns(verdict, client=client_label(flow.client_conn.peername), name=name, qtype=qtype)
 
-
-def _client_label(flow: dns.DNSFlow) -> str:
-    peer = flow.client_conn.peername
-    return f"{peer[0]}:{peer[1]}" if peer else ""

@@ -36,7 +36,7 @@ from egress.addons.policy_source import ALLOWS_NOTHING, PolicySource
 from egress.environments.source import SpecSource
 from egress.mitm import refusals
 from egress.net.limits import DEFAULTS
-from egress.ops.audit import DecisionLog
+from egress.ops.audit import DecisionLog, client_label
 from egress.policy import decisions as policy
 from egress.policy.domains import HostError, normalize_host
 from egress.policy.spec import Spec
@@ -51,10 +51,6 @@ def _host(raw: str) -> str:
     except HostError:
         return raw[:255]
 
-
-def _client_label(client: connection.Client) -> str:
-    host, port, *_ = client.peername
-    return f"{host}:{port}"
 
 
 class EnvironmentGate:
@@ -84,8 +80,8 @@ class EnvironmentGate:
     def http_connected(self, flow: http.HTTPFlow) -> None:
         # Only a CONNECT that was answered 2xx opens a tunnel whose requests its proof covers.
         # One the guard refused (403) or could not dial (502) leaves the connection a plain
-        # one: its later requests must prove the same environment again (a red-team find:
-        # they were taken as "in the tunnel" and served with other or no credentials).
+        # one: its later requests must prove the same environment again (otherwise
+        # they would be taken as "in the tunnel" and served with other or no credentials).
         if self.source.proves_environment and flow.client_conn.id in self.bound:
             self.tunnels.add(flow.client_conn.id)
 
@@ -144,5 +140,5 @@ class EnvironmentGate:
         flow.response = refusals.proxy_auth_required(host, close)
         decision = policy.Decision(host=host, reason=policy.PROXY_AUTH_REQUIRED, environment=environment)
         method = flow.request.method
-        self.log.record(decision, client=_client_label(flow.client_conn), port=flow.request.port, method=method,
+        self.log.record(decision, client=client_label(flow.client_conn.peername), port=flow.request.port, method=method,
                         kind="tunnel" if method == "CONNECT" else "request")  # fmt: skip

@@ -47,7 +47,7 @@ from egress.net.hostport import HostPortError, parse_hostport
 from egress.net.parent_proxy import ParentProxy
 from egress.net.relay import Side
 from egress.ops import metrics
-from egress.ops.audit import DecisionLog
+from egress.ops.audit import DecisionLog, client_label
 from egress.policy import decisions as policy
 from egress.policy.addresses import IPAddress
 from egress.policy.domains import HostError, normalize_host
@@ -114,10 +114,6 @@ def log_dial_failure(failure: upstream.DialFailed, port: int, parent: ParentProx
     else:
         logger.info("upstream %s at CONNECT (port %s)%s", failure.reason, port, f": {failure.detail}" if parent else "")
 
-
-def _client_label(client: connection.Client) -> str:
-    host, port, *_ = client.peername
-    return f"{host}:{port}"
 
 
 def _transparent(client: connection.Client) -> bool:
@@ -196,7 +192,7 @@ class DestinationGuard:
         decision, address = await self.checker.check(host, port, flow.client_conn.id)
         if not decision.allowed:
             flow.response = refusals.denied(decision.reason, decision.host)
-            self.log.record(decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel")
+            self.log.record(decision, client=client_label(flow.client_conn.peername), port=port, method="CONNECT", kind="tunnel")
             return
         state = self._state(flow.client_conn)
         address = state.pin(decision.host, port, address)
@@ -209,7 +205,7 @@ class DestinationGuard:
         except upstream.DialFailed as failure:
             flow.response = refusals.upstream_failed(failure.reason, decision.host)
             self.log.record(
-                decision, client=_client_label(flow.client_conn), port=port, method="CONNECT", kind="tunnel",
+                decision, client=client_label(flow.client_conn.peername), port=port, method="CONNECT", kind="tunnel",
                 error=failure.reason,
             )  # fmt: skip
             return
@@ -234,7 +230,7 @@ class DestinationGuard:
         if not decision.allowed:
             flow.response = refusals.denied(decision.reason, decision.host)
             self.log.record(
-                decision, client=_client_label(flow.client_conn), port=flow.request.port, method=flow.request.method
+                decision, client=client_label(flow.client_conn.peername), port=flow.request.port, method=flow.request.method
             )
         # Allowed requests are logged by the credential injector, which knows what it added.
 
@@ -288,7 +284,7 @@ class DestinationGuard:
             return policy.with_reason(spec, decision, policy.PLAINTEXT_CREDENTIALS)
         if decision.injects and policy.echoes_request(request.method):
             # The server's answer to TRACE is the request as it arrived, injected header
-            # and all: the sandbox would read the secret (a red-team find).
+            # and all: the sandbox would read the secret.
             return policy.with_reason(spec, decision, policy.TRACE_CREDENTIALS)
         return decision
 
@@ -363,7 +359,7 @@ class DestinationGuard:
     def _decide_intercepted_stream(nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
         """The first bytes inside TLS the proxy terminated: HTTP goes to the HTTP layer, however
         short its first write. mitmproxy's guess took `G` (then `ET / ... Host: other.test`)
-        for raw TCP unless the client had negotiated an HTTP ALPN (a red-team find)."""
+        for raw TCP unless the client had negotiated an HTTP ALPN."""
         context = nextlayer.context
         if context.client.alpn in HTTP_ALPNS:
             tunnel.inner_decided = True  # mitmproxy's HTTP layer, whatever the bytes
@@ -379,7 +375,7 @@ class DestinationGuard:
 
     def _decide_connect_tls(self, nextlayer: layer.NextLayer, tunnel: Tunnel, server_name: str | None) -> None:
         context = nextlayer.context
-        client = _client_label(context.client)
+        client = client_label(context.client.peername)
         tunnel.decided = True
         # A ClientHello without server_name keeps the CONNECT host; one that names
         # anything else, or names nothing valid, is refused.
@@ -411,7 +407,7 @@ class DestinationGuard:
         if not decision.allowed:
             tunnel.blocked = decision.reason
             nextlayer.layer = RefuseLayer(context)
-            self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
+            self.log.record(decision, client=client_label(client.peername), port=port, method="TLS", kind="tunnel")
             return
         address = state.pin(decision.host, port, address)
         # From here on the destination is the name (and its checked address), never the
@@ -428,10 +424,10 @@ class DestinationGuard:
                 tunnel.blocked = failure.reason
                 nextlayer.layer = RefuseLayer(context)
                 self.log.record(
-                    decision, client=_client_label(client), port=port, method="TLS", kind="tunnel", error=failure.reason
+                    decision, client=client_label(client.peername), port=port, method="TLS", kind="tunnel", error=failure.reason
                 )  # fmt: skip
                 return
-        self.log.record(decision, client=_client_label(client), port=port, method="TLS", kind="tunnel")
+        self.log.record(decision, client=client_label(client.peername), port=port, method="TLS", kind="tunnel")
         self._pass_through(nextlayer, tunnel, "TLS")
 
     def _pass_through(self, nextlayer: layer.NextLayer, tunnel: Tunnel, method: str) -> None:
@@ -443,7 +439,7 @@ class DestinationGuard:
             nextlayer.layer = layers.TCPLayer(context, ignore=True)
             return
         side, tunnel.upstream = tunnel.upstream, None
-        client = _client_label(context.client)
+        client = client_label(context.client.peername)
 
         def closed(bytes_up: int, bytes_down: int) -> None:
             self.log.closed(
@@ -471,7 +467,7 @@ class DestinationGuard:
             # Neither intercept nor forward: server_connect refuses, the client sees a close.
             data.ignore_connection = True
             decision = policy.with_reason(self.checker.spec_for(data.context.client.id), tunnel.decision, policy.HOST_MISMATCH)
-            self.log.record(decision, client=_client_label(data.context.client), port=tunnel.port, method="TLS", kind="tunnel")
+            self.log.record(decision, client=client_label(data.context.client.peername), port=tunnel.port, method="TLS", kind="tunnel")
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         state = self.clients.get(data.client.id)
@@ -482,7 +478,7 @@ class DestinationGuard:
             data.server.error = f"egress: tunnel refused ({state.tunnel.blocked})"
         elif address is None and _transparent(data.client) and data.server.address == data.client.sockname:
             # Redirected TCP that is neither TLS nor HTTP names no destination: refused, counted.
-            self.log.record(policy.unnamed(), client=_client_label(data.client), port=port, method="TCP", kind="tunnel")
+            self.log.record(policy.unnamed(), client=client_label(data.client.peername), port=port, method="TCP", kind="tunnel")
             data.server.error = "egress: connection names no destination (neither TLS with SNI nor HTTP)"
         elif address is None:
             # Every legitimate path pins an address before mitmproxy dials; reaching here

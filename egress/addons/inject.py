@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from egress.addons.guard import DECISION_KEY, _client_label
-from egress.ops.audit import DecisionLog
+from egress.addons.guard import DECISION_KEY
+from egress.ops.audit import DecisionLog, client_label
 from egress.policy.decisions import Decision
 
 
@@ -32,7 +32,7 @@ class CredentialInjector:
             injected = tuple(decision.transform)
         self.log.record(
             decision,
-            client=_client_label(flow.client_conn),
+            client=client_label(flow.client_conn.peername),
             port=flow.request.port,
             method=flow.request.method,
             injected=injected,

@@ -1,4 +1,4 @@
-"""DNS decisions (issue 11) as pure functions: one query in, one verdict out.
+"""DNS decisions as pure functions: one query in, one verdict out.
 
 A DNS query names a destination like a CONNECT authority does, so its name goes
 through the same `policy.check_name` (normalisation, loopback names, allowlist)
@@ -197,7 +197,7 @@ def relayable(spec: Spec, upstream: bytes, is_self: Callable[[IPAddress], bool])
     """A report-mode answer from the proxy's resolver, less its A/AAAA records that name
     loopback or the proxy's own addresses: report mode still blocks those (README), and an
     allowlisted name's answer drops them too (`filter_addresses`). The relay passed
-    `127.0.0.1` / `::1` through for a name off the allowlist (a red-team find)."""
+    `127.0.0.1` / `::1` through for a name off the allowlist."""
     message = dns.DNSMessage.unpack(upstream)
     never = (policy.LOOPBACK, policy.PROXY_SELF)
 

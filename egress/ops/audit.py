@@ -15,6 +15,11 @@ from egress.ops import metrics
 from egress.policy.decisions import Decision
 
 
+def client_label(peername: tuple | None) -> str:
+    """A client as audit lines name it, `host:port` ("" when the address is unknown)."""
+    return f"{peername[0]}:{peername[1]}" if peername else ""
+
+
 class DecisionLog:
     def __init__(self, fmt: str = "json", stream: TextIO | None = None):
         self.fmt = fmt

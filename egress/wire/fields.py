@@ -15,7 +15,7 @@ A-label, RFC 5890). The proxy compares names after IDNA mapping (NFKC), so
 `Host: paßthrough.test` or `Host: plain.test<U+200B>` matched `passthrough.test` /
 `plain.test` and went upstream byte for byte, where a server or CDN that routes on the
 raw value, or maps it by IDNA2008 (`ß` stays `ß`: `xn--pathrough-...`), reads another
-host than the one checked (domain fronting past the Host check). A red-team find.
+host than the one checked (domain fronting past the Host check).
 A CONNECT target too: mitmproxy reads its port with a Unicode `\\d`, so
 `CONNECT plain.test:<U+0668><U+0660>` (Arabic-Indic "80") opened a tunnel to port 80.
 

@@ -6,7 +6,7 @@ other protocol, or a WebSocket handshake it does not parse (a version other than
 — to a raw TCP layer. From then on the proxy sees no requests on that connection, so
 none is checked: `Upgrade: h2c` to a server that speaks h2c ("h2c smuggling", Bishop
 Fox 2020) let the sandbox send HTTP/2 requests for any host on that server, past the
-Host check that keeps a connection on its destination (the second red-team pass).
+Host check that keeps a connection on its destination.
 
 So only a WebSocket handshake mitmproxy follows is let through: any other `Upgrade`
 request header is removed before the request goes upstream (the server then answers

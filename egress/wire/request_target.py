@@ -2,7 +2,7 @@
 
 HTTP/2 carries the method and target as `:method` and `:path` values, which may hold
 any byte but CR, LF and NUL; mitmproxy writes them into an HTTP/1 request line for
-an HTTP/1 upstream byte for byte. A red-team pass found:
+an HTTP/1 upstream byte for byte. Without these checks:
 - `:path https://other.test/x` inside an intercepted tunnel to a `transform` entry
   went upstream as `GET https://other.test/x HTTP/1.1` beside the injected credential.
   RFC 9112 §3.2.2: a server MUST then ignore Host and use the target's host, so a

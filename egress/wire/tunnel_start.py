@@ -5,7 +5,7 @@ tunnel (a CONNECT tunnel, or a redirected connection in transparent mode), becau
 the answer decides which checks apply: the ClientHello's server_name (TLS), each
 request's Host (HTTP), or nothing but the already checked address (other TCP).
 mitmproxy's own guess (`addons/next_layer.py`) is built for debugging, not for a
-policy boundary, and the second red-team pass got past it three ways, each making
+policy boundary, and it can be got past three ways, each making
 the upstream read TLS or HTTP that the proxy had relayed as unchecked raw TCP:
 
 - a handshake record with version bytes 3.4-3.255: OpenSSL, BoringSSL and Go accept

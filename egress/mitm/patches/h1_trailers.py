@@ -2,7 +2,7 @@
 
 mitmproxy 12.3.1 reads a chunked body with h11 and, when the last chunk carries trailer
 fields (`0\\r\\nX-T: 1\\r\\n\\r\\n`), raises `NotImplementedError("HTTP trailers are not
-implemented yet.")` inside its HTTP/1 layer. Found by the third red-team pass: the
+implemented yet.")` inside its HTTP/1 layer: the
 client's connection then hangs without an answer until `--idle-timeout`, and every such
 request writes a ~60-line traceback to the log (a sandbox can flood the operator's
 logs). Trailers are rare over HTTP/1 (gRPC uses HTTP/2, whose trailers mitmproxy

@@ -32,7 +32,7 @@ _HEAD_END = re.compile(rb"\n\r?\n")  # h11's blank line, which ends a head
 def _head_over_limit(buffered: bytes | bytearray, limit: int) -> bool:
     """True when more than `limit` bytes wait and no head ends within the first `limit` of
     them. A head that arrived complete in one read counts too: checking only a head still
-    incomplete let a 70 KB head sent at once through (a red-team find)."""
+    incomplete would let a 70 KB head sent at once through."""
     return len(buffered) > limit and _HEAD_END.search(bytes(buffered), 0, limit) is None
 
 
