@@ -358,26 +358,30 @@ class ProxyProcess:
     def ca(self) -> Path:
         return self.confdir / "mitmproxy-ca-cert.pem"
 
-    def start(self) -> None:
-        cmd = [
+    def command(self, *more: str) -> list[str]:
+        return [
             "ip", "netns", "exec", self.lab.proxy_ns, EGRESS_PROXY, "run",
             *(("--spec-dir", str(self.spec_dir)) if self.spec_dir else ("--spec", str(self.spec_path))),
             "--listen", f"127.0.0.1:{self.port}",
             "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             "--confdir", str(self.confdir),
-            *self.extra,
+            *self.extra, *more,
         ]  # fmt: skip
+
+    def start(self, ready_within: float = 20) -> None:
+        cmd = self.command()
         self.proc = subprocess.Popen(
             cmd, stdout=self.stdout_path.open("w"), stderr=self.stderr_path.open("w"), env=self.env
         )
-        deadline = time.monotonic() + 20
+        program = Path(cmd[4]).name
+        deadline = time.monotonic() + ready_within
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"egress-proxy exited {self.proc.returncode}: {self.stderr()}")
+                raise RuntimeError(f"{program} exited {self.proc.returncode}: {self.stdout()[-2000:]}{self.stderr()}")
             if self.get_ops("/readyz")[0] == 200:
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"egress-proxy not ready: {self.stderr()}")
+        raise RuntimeError(f"{program} not ready: {self.stderr()}")
 
     def get_ops(self, path: str) -> tuple[int, str]:
         """GET on the metrics listener (from inside the namespace)."""
