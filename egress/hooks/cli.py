@@ -180,8 +180,10 @@ def _operator_path(args: argparse.Namespace) -> Path | None:
 def _layers(args: argparse.Namespace):
     from egress.hooks.layers import load_layers
 
+    # Absolute, so log lines say which file whatever the reader's directory.
     operator = _operator_path(args)
-    workspace = _workspace_path(args)
+    operator = operator.absolute() if operator is not None else None
+    workspace = _workspace_path(args).absolute()
     return lambda: load_layers(operator, workspace, workspace_hooks=not args.no_workspace_hooks)
 
 
