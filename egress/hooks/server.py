@@ -232,6 +232,8 @@ class HookServer:
                     keep_alive = False
                 except asyncio.IncompleteReadError:
                     return
+                # After an error the client is probably confused about framing too.
+                keep_alive = keep_alive and status == 200
                 writer.write(response(status, document, keep_alive))
                 await writer.drain()
                 if not keep_alive:
