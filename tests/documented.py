@@ -17,6 +17,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# The hooks reference: its "Command line" section lists the `egress-hooks` commands too.
+HOOKS_DOC = REPO / "docs" / "hooks.md"
 CHART_README = REPO / "charts" / "egress-proxy" / "README.md"
 # Every document an operator reads, and the chart files that name flags and values.
 OPERATOR_DOCS = [
@@ -35,6 +37,7 @@ COMMANDS = [
     ("egress-proxy", "redirect-rules"),
     ("egress-hooks",),
     ("egress-hooks", "dispatch"),
+    ("egress-hooks", "serve"),
     ("egress-hooks", "check"),
 ]
 # SPEC §3 and §7: the reason codes other tools depend on.

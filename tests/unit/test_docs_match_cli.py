@@ -17,6 +17,7 @@ import pytest
 import yaml
 from documented import (
     CHART_README,
+    HOOKS_DOC,
     OPERATOR_DOCS,
     README,
     REPO,
@@ -57,6 +58,7 @@ OWN_PROGRAMS = {
     r"egress-proxy check\b": lambda: cli_flags()["egress-proxy check"],
     r"egress-proxy redirect-rules\b": lambda: cli_flags()["egress-proxy redirect-rules"],
     r"egress-hooks dispatch\b": lambda: cli_flags()["egress-hooks dispatch"],
+    r"egress-hooks serve\b": lambda: cli_flags()["egress-hooks serve"],
     r"egress-hooks check\b": lambda: cli_flags()["egress-hooks check"],
     r"egress-(?:proxy|hooks) --version\b": lambda: frozenset({"--version"}),
     r"scripts/run-example\.sh\b": lambda: cli_flags()["egress-proxy run"],  # passes them on
@@ -119,18 +121,31 @@ def attributed_flags(line: str):
 # -- direction 1: the software -> the docs ------------------------------------------------
 
 
+def synopsis_blocks() -> list[tuple[str, str]]:
+    """(document, its "Command line" synopsis block): README's, and docs/hooks.md's for
+    the `egress-hooks` commands (README links the hooks reference for those)."""
+    blocks = []
+    for path in (README, HOOKS_DOC):
+        block = re.search(r"```\n(.*?)```", section(path.read_text(encoding="utf-8"), "## Command line"), re.S)
+        assert block, f"{path.name}'s Command line section has no synopsis block"
+        blocks.append((path.name, block.group(0)))
+    return blocks
+
+
 def test_readme_command_line_synopsis_has_every_flag():
-    """README "Command line" lists every subcommand with all its flags, as `--help` has them."""
-    block = re.search(r"```\n(.*?)```", section(README.read_text(encoding="utf-8"), "## Command line"), re.S)
-    assert block, "README's Command line section has no synopsis block"
+    """README "Command line" lists every subcommand with all its flags, as `--help` has them
+    (for `egress-hooks`, README's and docs/hooks.md's synopses together)."""
     synopsis: dict[str, set[str]] = {}
-    current = None
-    for line in block.group(1).splitlines():
-        if line.startswith("egress-"):
-            current = " ".join(line.split()[:2])
-            synopsis.setdefault(current, set())
-        assert current, line
-        synopsis[current] |= set(FLAG.findall(line))
+    for _, block in synopsis_blocks():
+        current = None
+        for line in block.strip("`").splitlines():
+            if not line.strip():
+                continue
+            if line.startswith("egress-"):
+                current = " ".join(line.split()[:2])
+                synopsis.setdefault(current, set())
+            assert current, line
+            synopsis[current] |= set(FLAG.findall(line))
     for tool, names in subcommands().items():
         for name in names:
             command = f"{tool} {name}"
@@ -143,14 +158,15 @@ def test_readme_command_line_synopsis_has_every_flag():
 
 def test_every_flag_is_explained_in_readme():
     """Beyond the synopsis: each flag of `run`, `redirect-rules` and `egress-hooks` is
-    described somewhere else in README too (a table row or a sentence)."""
-    text = README.read_text(encoding="utf-8")
-    synopsis = re.search(r"```\n(.*?)```", section(text, "## Command line"), re.S)
-    assert synopsis
-    prose = text.replace(synopsis.group(0), "")
+    described somewhere else in README too (a table row or a sentence); for
+    `egress-hooks`, in README or docs/hooks.md."""
+    blocks = dict(synopsis_blocks())
+    prose = README.read_text(encoding="utf-8").replace(blocks[README.name], "")
+    hooks_prose = HOOKS_DOC.read_text(encoding="utf-8").replace(blocks[HOOKS_DOC.name], "")
     for command, flags in cli_flags().items():
+        text = prose + hooks_prose if command.startswith("egress-hooks") else prose
         for flag in flags - {"--help"}:
-            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", prose), f"{command} {flag} is not explained in README"
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), f"{command} {flag} is not explained in README"
 
 
 def test_version_flags_documented():
