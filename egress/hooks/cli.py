@@ -27,11 +27,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from egress import __version__
 from egress.hooks import EVENTS
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -148,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _workspace_path(args: argparse.Namespace) -> Path:
     """The workspace file: --config, or WORKSPACE/.agents/hooks.json."""
+    from pathlib import Path
+
     from egress.hooks.layers import workspace_default
 
     if args.workspace is not None and not Path(args.workspace).is_dir():
@@ -159,6 +163,8 @@ def _workspace_path(args: argparse.Namespace) -> Path:
 
 
 def _check_config_file(flag: str, value: str) -> None:
+    from pathlib import Path
+
     path = Path(value)
     if path.is_dir():
         raise UsageError(f"{flag} {value}: is a directory, not a hooks.json file")
@@ -169,6 +175,8 @@ def _check_config_file(flag: str, value: str) -> None:
 
 
 def _operator_path(args: argparse.Namespace) -> Path | None:
+    from pathlib import Path
+
     # Named on the command line: it must be there (a typo would drop the operator's
     # gate). The default may be absent: then only the workspace file applies.
     if args.operator_config is None:
@@ -211,6 +219,7 @@ def _check_proxy_url(url: str) -> None:
 
 def _check_ca_file(ca_file: str) -> None:
     import ssl
+    from pathlib import Path
 
     path = Path(ca_file)
     if path.is_dir():
@@ -294,7 +303,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     _write_decision(decision.as_json())
     # The runtime has its answer; what the hooks left running goes now, before we exit.
     sys.stdout.close()
-    reaper.sweep()
+    reaper.sweep_until_quiet()
     return EXIT_OK
 
 
@@ -337,6 +346,7 @@ def _dispatch_via_server(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
+    from pathlib import Path
 
     from egress.hooks import client
 

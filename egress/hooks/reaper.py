@@ -77,7 +77,15 @@ class Reaper:
             finished = self._finished
             self._finished = set()
             idle = not self._active
-        killed = []
+        killed: list[int] = []
+        if _subreaper and idle:
+            if not _has_children():
+                # Every process a hook left behind is, as an orphan, a descendant of
+                # ours: with no child at all there is nothing to look for.
+                self._killed.clear()
+                return killed
+        elif not finished:
+            return killed
         me = os.getpid()
         for entry in _pids():
             if entry == me:
@@ -91,9 +99,9 @@ class Reaper:
                 orphan = False
                 if not tagged and _subreaper and idle:
                     stat = _stat(entry)
-                    # An untagged child of ours: an orphan that cleared its environment
-                    # (handlers themselves carry their token).
-                    orphan = stat is not None and stat[1] == me and RUN_TOKEN_VARIABLE.encode() not in (environ or b"")
+                    # No dispatch is running, so a child of ours is no handler: an orphan
+                    # (one that cleared its environment, or the child of one killed before).
+                    orphan = stat is not None and stat[1] == me
                     if stat is not None and stat[0] == "Z" and stat[1] == me:
                         self._killed.add(entry)  # a dead orphan: only needs reaping
                         continue
@@ -109,6 +117,20 @@ class Reaper:
         self._reap()
         return killed
 
+    def sweep_until_quiet(self, passes: int = 5) -> list[int]:
+        """Sweep again while a pass kills something: the children of a killed orphan
+        are reparented to us only once it is gone. For a dispatcher about to exit."""
+        import time
+
+        killed: list[int] = []
+        for _ in range(passes):
+            found = self.sweep()
+            if not found:
+                break
+            killed += found
+            time.sleep(0.02)
+        return killed
+
     def _reap(self) -> None:
         for pid in list(self._killed):
             try:
@@ -118,6 +140,15 @@ class Reaper:
                 continue
             if done:
                 self._killed.discard(pid)
+
+
+def _has_children() -> bool:
+    try:
+        # WNOWAIT: look, do not reap (a child may be asyncio's to wait for).
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _pids() -> list[int]:

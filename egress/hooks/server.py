@@ -288,6 +288,8 @@ class HookServer:
         killed = self.reaper.sweep()
         if killed:
             self.log({"msg": "hook_processes_killed", "pids": killed, "why": "left running by a finished hook"})
+            # Their own children come back to us as orphans: look again soon.
+            asyncio.get_running_loop().call_later(0.2, self._schedule_sweep)
 
 
 async def serve(address: Address, server: HookServer) -> None:
@@ -327,7 +329,7 @@ async def serve(address: Address, server: HookServer) -> None:
             task.cancel()
         await asyncio.gather(*connections, return_exceptions=True)
         await srv.wait_closed()
-        server.reaper.sweep()
+        server.reaper.sweep_until_quiet()
         if address.path is not None:
             with contextlib.suppress(OSError):
                 if os.stat(address.path).st_ino == socket_inode:

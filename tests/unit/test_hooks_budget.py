@@ -188,3 +188,20 @@ def test_budget_flag_bounds_a_cli_dispatch(tmp_path):
     assert [json.loads(line)["msg"] for line in result.stderr.decode().splitlines()] == [
         "hook_fail_open", "hook_skipped", "hook_skipped"
     ]  # fmt: skip
+
+
+def test_cli_kills_a_chain_of_escaped_processes(tmp_path):
+    """A setsid'd process that itself starts one more: both are gone after the dispatch."""
+    pids = tmp_path / "pids"
+    workspace = tmp_path / "ws"
+    (workspace / ".agents").mkdir(parents=True)
+    inner = f"sleep 1000 & echo $! >> {pids}; wait"
+    hook = command(f"(env -i setsid sh -c '{inner}' >/dev/null 2>&1 </dev/null &); sleep 0.3")
+    (workspace / ".agents" / "hooks.json").write_text(json.dumps({"g": {PRE: [{"matcher": "*", "hooks": [hook]}]}}))
+    result = subprocess.run(
+        [sys.executable, "-m", "egress.hooks", "dispatch", PRE, "--workspace", str(workspace)],
+        input=json.dumps(EVENT).encode(), capture_output=True, timeout=30, env={**os.environ, "PYTHONPATH": SOURCE_ROOT},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (pid,) = [int(p) for p in pids.read_text().split()]
+    assert wait_gone(pid), f"{pid} outlived the dispatch"

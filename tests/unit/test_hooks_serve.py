@@ -308,13 +308,14 @@ def test_a_setsid_grandchild_of_a_served_hook_is_killed(server, tmp_path):
     server.wait_for("hook_config_reloaded")
     thin(server.address, LS)
     pid = int(pid_file.read_text())
-    killed = server.wait_for("hook_processes_killed")
-    assert pid in killed["pids"]
-    deadline = time.monotonic() + 3
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # reaped, not left a zombie
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # killed and reaped, not left a zombie
         time.sleep(0.05)
         thin(server.address, b'{"tool_call": {"name": "nothing-matches-this"}}', event_name="post_tool_execution")
     assert not Path(f"/proc/{pid}").exists()
+    # Killed by the reaper (logged) - unless the group kill got it before it left the group.
+    killed = [p for r in server.logs if r["msg"] == "hook_processes_killed" for p in r["pids"]]
+    assert killed == [pid] or not killed, killed
 
 
 def test_the_thin_client_imports_nothing_of_the_dispatcher(server):
