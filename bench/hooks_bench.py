@@ -19,7 +19,8 @@
    --server` as a new process (what a runtime runs per tool call) and `egress-hooks
    dispatch` without a server; and `--concurrent` dispatches at once from as many
    threads, `--concurrent-rounds` times (each request's latency and each round's
-   wall time).
+   wall time), beside the same number of thin-client and of local-dispatch processes
+   started at once (wall time of one round each).
 
 Short by design (tens of seconds): the machine is shared.
 """
@@ -195,6 +196,18 @@ def server_benchmark(iterations: int, cold_runs: int, concurrent: int, rounds: i
                     started = time.perf_counter()
                     latencies += list(pool.map(lambda _: one(), range(concurrent)))
                     walls.append((time.perf_counter() - started) * 1000)
+            # The same number at once as new processes: thin clients, and local dispatches.
+            process_walls: dict[str, float] = {}
+            for name, command in argv.items():
+                started = time.perf_counter()
+                running = [
+                    subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+                    for _ in range(concurrent)
+                ]
+                for process in running:
+                    out, _ = process.communicate(body, timeout=120)
+                    assert b'"allow"' in out, out
+                process_walls[name] = round((time.perf_counter() - started) * 1000, 1)
         finally:
             server.terminate()
             server.wait(10)
@@ -204,6 +217,7 @@ def server_benchmark(iterations: int, cold_runs: int, concurrent: int, rounds: i
         **{name: summary(values) for name, values in processes.items()},
         f"concurrent_{concurrent}_per_request": summary(latencies),
         f"concurrent_{concurrent}_round_wall": summary(walls),
+        f"concurrent_{concurrent}_processes_wall_ms": process_walls,
     }
     result["server_overhead"] = {
         "p50_ms": round(result["server_round_trip"]["p50_ms"] - result["bare_spawn_true"]["p50_ms"], 2),

@@ -116,7 +116,10 @@ class HooksConfig:
 
 
 def discover_config(workspace: str | Path | None) -> Path | None:
-    """`.agents/hooks.json` under the workspace, else `/.agents/hooks.json`, else None."""
+    """The seed's discovery: `.agents/hooks.json` under the workspace, else
+    `/.agents/hooks.json`, else None. The dispatcher no longer uses it alone (the
+    first file found would let the workspace's replace the operator's); it loads
+    both through `egress.hooks.layers`."""
     candidates = []
     if workspace is not None:
         candidates.append(Path(workspace) / CONFIG_RELATIVE_PATH)

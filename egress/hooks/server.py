@@ -43,6 +43,8 @@ MAX_HEAD_BYTES = 16 * 1024
 # write_file events carry the file; 64 MiB is far above any tool payload.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 STATUS_PATH = "/v1/status"
+# A connection that sends nothing (or stalls mid-request) this long is closed.
+IDLE_TIMEOUT_SECONDS = 60.0
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
             413: "Content Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
             505: "HTTP Version Not Supported"}  # fmt: skip
@@ -215,9 +217,10 @@ class HookServer:
         try:
             while True:
                 try:
-                    head_bytes = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
-                    return  # closed between requests
+                    async with asyncio.timeout(IDLE_TIMEOUT_SECONDS):
+                        head_bytes = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, TimeoutError):
+                    return  # closed, or idle, between requests
                 except asyncio.LimitOverrunError:
                     writer.write(response(431, {"error": "head_too_large"}, False))
                     return
@@ -225,12 +228,13 @@ class HookServer:
                 try:
                     head = parse_head(head_bytes[:-4])
                     keep_alive = head.keep_alive
-                    body = await reader.readexactly(body_length(head))
+                    async with asyncio.timeout(IDLE_TIMEOUT_SECONDS):
+                        body = await reader.readexactly(body_length(head))
                     status, document = await self.answer(head.method, head.target, body)
                 except HttpError as exc:
                     status, document = exc.status, {"error": "bad_request", "message": exc.message}
                     keep_alive = False
-                except asyncio.IncompleteReadError:
+                except (asyncio.IncompleteReadError, TimeoutError):
                     return
                 # After an error the client is probably confused about framing too.
                 keep_alive = keep_alive and status == 200
@@ -313,7 +317,7 @@ async def serve(address: Address, server: HookServer) -> None:
         srv = await asyncio.start_unix_server(on_connection, sock=listener, limit=MAX_HEAD_BYTES)
         shown = address.text
     else:
-        srv = await asyncio.start_server(on_connection, address.host, address.port, limit=MAX_HEAD_BYTES)
+        srv = await asyncio.start_server(on_connection, address.host, address.port, limit=MAX_HEAD_BYTES, backlog=512)
         host, port = srv.sockets[0].getsockname()[:2]
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     stop = asyncio.Event()
