@@ -185,13 +185,16 @@ def _operator_path(args: argparse.Namespace) -> Path | None:
     return Path(args.operator_config)
 
 
-def _layers(args: argparse.Namespace):
+def _layers(args: argparse.Namespace, *, absolute: bool = True):
     from egress.hooks.layers import load_layers
 
-    # Absolute, so log lines say which file whatever the reader's directory.
+    # Log lines get absolute paths, so they say which file whatever the reader's
+    # directory; `check` prints the paths as the operator typed them.
     operator = _operator_path(args)
-    operator = operator.absolute() if operator is not None else None
-    workspace = _workspace_path(args).absolute()
+    workspace = _workspace_path(args)
+    if absolute:
+        operator = operator.absolute() if operator is not None else None
+        workspace = workspace.absolute()
     return lambda: load_layers(operator, workspace, workspace_hooks=not args.no_workspace_hooks)
 
 
@@ -234,7 +237,7 @@ def _check_ca_file(ca_file: str) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    layered = _layers(args)()
+    layered = _layers(args, absolute=False)()
     present = [f for f in layered.files if f.config is not None]
     if not present:
         where = ", ".join(f.path for f in layered.files)
