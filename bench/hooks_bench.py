@@ -233,14 +233,19 @@ def main() -> None:
     parser.add_argument("--server-iterations", type=int, default=500, help="round trips through egress-hooks serve")
     parser.add_argument("--concurrent", type=int, default=100, help="dispatches sent at once")
     parser.add_argument("--concurrent-rounds", type=int, default=5)
+    parser.add_argument(
+        "--sections", default="dispatch,cold_start,server", help="comma-separated: dispatch, cold_start, server"
+    )
     args = parser.parse_args()
-    results = {
-        "python": sys.version.split()[0],
-        "cpus": os.cpu_count(),
-        "dispatch": asyncio.run(dispatch_benchmark(args.iterations)),
-        "cold_start": cold_start_benchmark(args.cold_runs),
-        "server": server_benchmark(args.server_iterations, args.cold_runs, args.concurrent, args.concurrent_rounds),
-    }
+    sections = set(args.sections.split(","))
+    results: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "load_before": os.getloadavg()}
+    if "dispatch" in sections:
+        results["dispatch"] = asyncio.run(dispatch_benchmark(args.iterations))
+    if "cold_start" in sections:
+        results["cold_start"] = cold_start_benchmark(args.cold_runs)
+    if "server" in sections:
+        results["server"] = server_benchmark(args.server_iterations, args.cold_runs, args.concurrent, args.concurrent_rounds)
+    results["load_after"] = os.getloadavg()
     print(json.dumps(results, indent=2))
 
 
