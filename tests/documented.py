@@ -18,6 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
+# The hooks reference: its "Command line" section lists the `egress-hooks` commands too.
+HOOKS_DOC = DOCS / "hooks.md"
 CHART_README = REPO / "charts" / "egress-proxy" / "README.md"
 # Every document an operator reads, and the chart files that name flags and values.
 OPERATOR_DOCS = [
@@ -36,6 +38,7 @@ COMMANDS = [
     ("egress-proxy", "redirect-rules"),
     ("egress-hooks",),
     ("egress-hooks", "dispatch"),
+    ("egress-hooks", "serve"),
     ("egress-hooks", "check"),
 ]
 # SPEC §3 and §7: the reason codes other tools depend on.

@@ -1,15 +1,24 @@
-"""`egress-hooks`: the dispatcher as commands (SPEC §6).
+"""`egress-hooks`: the dispatcher as commands (SPEC §6, §8).
 
-    egress-hooks dispatch EVENT [--config FILE] [--workspace DIR] [--proxy URL] [--ca-file FILE]
-    egress-hooks check [--config FILE] [--workspace DIR]
+    egress-hooks dispatch EVENT [--config FILE] [--workspace DIR] [--operator-config FILE]
+                                [--no-workspace-hooks] [--budget SECONDS] [--proxy URL] [--ca-file FILE]
+    egress-hooks dispatch EVENT --server ADDR [--fail-closed]
+    egress-hooks serve --listen unix:PATH|HOST:PORT [the options of dispatch but --server]
+    egress-hooks check [--config FILE] [--workspace DIR] [--operator-config FILE] [--no-workspace-hooks]
 
 `dispatch` reads the event on stdin and prints the decision on stdout; it
-exits 0 whatever the hooks did (hook failures fail open and are logged on
-stderr). A malformed *event* is different: that is a bug in the runtime that
-called us, and answering "allow" would hide it, so it is a usage error (exit
-2, one line on stderr) - the runtime decides what a failed hook call means.
+exits 0 whatever the hooks did (hook failures fail open, or closed where a
+handler says `"onError": "deny"`, and are logged on stderr). A malformed
+*event* is different: that is a bug in the runtime that called us, and
+answering "allow" would hide it, so it is a usage error (exit 2, one line on
+stderr) - the runtime decides what a failed hook call means.
 
-Exit codes: 0 ok; 1 `check` found problems (or an internal error); 2 usage error.
+The operator's `/.agents/hooks.json` (`--operator-config`) is always loaded
+first; the workspace's `.agents/hooks.json` (or `--config FILE` in its place)
+only adds groups to it (`egress.hooks.layers`).
+
+Exit codes: 0 ok; 1 `check` found problems, `serve` could not listen (or an
+internal error); 2 usage error.
 """
 
 from __future__ import annotations
@@ -18,11 +27,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from egress import __version__
-from egress.hooks import EVENTS, PRE_TOOL_EXECUTION
+from egress.hooks import EVENTS
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -40,28 +51,81 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="egress-hooks", description="Run .agents/hooks.json hooks (SPEC §4).")
+    parser = _Parser(prog="egress-hooks", description="Run .agents/hooks.json hooks (SPEC §4, §8).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def add_config_options(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--config", metavar="FILE", help="hooks.json to use instead of discovering one")
+        sub.add_argument(
+            "--config", metavar="FILE", help="hooks.json to use in place of the workspace's (the operator's still applies)"
+        )
         sub.add_argument(
             "--workspace",
             metavar="DIR",
-            help="look for DIR/.agents/hooks.json before /.agents/hooks.json; also the cwd of command hooks "
-            "(default: the current directory)",
+            help="the workspace: DIR/.agents/hooks.json is loaded after the operator's file; also the cwd of command "
+            "hooks (default: the current directory)",
         )
+        sub.add_argument(
+            "--operator-config",
+            metavar="FILE",
+            help=f"the operator's hooks.json, loaded first and never overridden by the workspace's (default: {ROOT_CONFIG})",
+        )
+        sub.add_argument(
+            "--no-workspace-hooks",
+            action="store_true",
+            help="load only the operator's file: workspace hooks.json files add nothing",
+        )
+
+    def add_run_options(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--budget",
+            metavar="SECONDS",
+            type=_budget,
+            help="total time for one event's handlers; handlers it leaves no time for are skipped "
+            "(default: the sum of their timeouts, at most 600)",
+        )
+        sub.add_argument("--proxy", metavar="URL", help="proxy for HTTP hooks (default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY)")
+        sub.add_argument("--ca-file", metavar="FILE", help="CA bundle for HTTP hooks (default: SSL_CERT_FILE)")
 
     dispatch = commands.add_parser("dispatch", help="dispatch one event read from stdin")
     dispatch.add_argument("event", metavar="EVENT", choices=EVENTS, help=" or ".join(EVENTS))
     add_config_options(dispatch)
-    dispatch.add_argument("--proxy", metavar="URL", help="proxy for HTTP hooks (default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY)")
-    dispatch.add_argument("--ca-file", metavar="FILE", help="CA bundle for HTTP hooks (default: SSL_CERT_FILE)")
+    add_run_options(dispatch)
+    dispatch.add_argument(
+        "--server", metavar="ADDR", help="send the event to `egress-hooks serve` at unix:PATH or HOST:PORT instead"
+    )
+    dispatch.add_argument(
+        "--fail-closed",
+        action="store_true",
+        help="with --server: deny a pre_tool_execution event when the server gives no answer (default: allow, as a "
+        "failed hook does)",
+    )
+
+    serve = commands.add_parser("serve", help="hold one snapshot of the configuration and answer dispatches over a socket")
+    serve.add_argument(
+        "--listen", metavar="ADDR", required=True, help="unix:PATH (created mode 0600) or HOST:PORT on loopback"
+    )
+    add_config_options(serve)
+    add_run_options(serve)
 
     check = commands.add_parser("check", help="validate hooks.json: one line per problem")
     add_config_options(check)
     return parser
+
+
+ROOT_CONFIG = "/.agents/hooks.json"
+
+
+def _budget(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0 or value > 600:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 600 seconds, got {text}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _build_parser().parse_args(argv)
         if args.command == "check":
             return _check(args)
+        if args.command == "serve":
+            return _serve(args)
+        if args.server is not None:
+            return _dispatch_via_server(args)
         return _dispatch(args)
     except UsageError as exc:
         print(f"egress-hooks: error: {exc}", file=sys.stderr)
@@ -80,21 +148,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PROBLEMS
 
 
-def _config_path(args: argparse.Namespace) -> Path | None:
-    from egress.hooks.config import discover_config
+def _workspace_path(args: argparse.Namespace) -> Path:
+    """The workspace file: --config, or WORKSPACE/.agents/hooks.json."""
+    from pathlib import Path
+
+    from egress.hooks.layers import workspace_default
 
     if args.workspace is not None and not Path(args.workspace).is_dir():
         raise UsageError(f"--workspace {args.workspace}: no such directory")
     if args.config is not None:
-        path = Path(args.config)
-        if path.is_dir():
-            raise UsageError(f"--config {args.config}: is a directory, not a hooks.json file")
-        if not path.exists():
-            raise UsageError(f"--config {args.config}: no such file")
-        if not path.is_file():
-            raise UsageError(f"--config {args.config}: not a regular file")
-        return path
-    return discover_config(args.workspace or ".")
+        _check_config_file("--config", args.config)
+        return Path(args.config)
+    return workspace_default(args.workspace)
+
+
+def _check_config_file(flag: str, value: str) -> None:
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(f"{flag} {value}: is a directory, not a hooks.json file")
+    if not path.exists():
+        raise UsageError(f"{flag} {value}: no such file")
+    if not path.is_file():
+        raise UsageError(f"{flag} {value}: not a regular file")
+
+
+def _operator_path(args: argparse.Namespace) -> Path | None:
+    from pathlib import Path
+
+    # Named on the command line: it must be there (a typo would drop the operator's
+    # gate). The default may be absent: then only the workspace file applies.
+    if args.operator_config is None:
+        return None
+    _check_config_file("--operator-config", args.operator_config)
+    return Path(args.operator_config)
+
+
+def _layers(args: argparse.Namespace, *, absolute: bool = True):
+    from egress.hooks.layers import load_layers
+
+    # Log lines get absolute paths, so they say which file whatever the reader's
+    # directory; `check` prints the paths as the operator typed them.
+    operator = _operator_path(args)
+    workspace = _workspace_path(args)
+    if absolute:
+        operator = operator.absolute() if operator is not None else None
+        workspace = workspace.absolute()
+    return lambda: load_layers(operator, workspace, workspace_hooks=not args.no_workspace_hooks)
 
 
 def _check_proxy_url(url: str) -> None:
@@ -121,6 +222,7 @@ def _check_proxy_url(url: str) -> None:
 
 def _check_ca_file(ca_file: str) -> None:
     import ssl
+    from pathlib import Path
 
     path = Path(ca_file)
     if path.is_dir():
@@ -135,61 +237,153 @@ def _check_ca_file(ca_file: str) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from egress.hooks.config import CONFIG_RELATIVE_PATH, ROOT_CONFIG_PATH, load_config
-
-    path = _config_path(args)
-    if path is None:
-        where = Path(args.workspace or ".") / CONFIG_RELATIVE_PATH
-        print(f"no hooks.json found (looked for {where} and {ROOT_CONFIG_PATH})")
+    layered = _layers(args, absolute=False)()
+    present = [f for f in layered.files if f.config is not None]
+    if not present:
+        where = ", ".join(f.path for f in layered.files)
+        print(f"no hooks.json found (looked for {where})")
         return EXIT_PROBLEMS
-    config = load_config(path)
-    for problem in config.problems:
-        print(problem)
-    if config.problems:
+    # One file: its problems as they are; two: each line says which file it is about.
+    prefix = len(present) > 1
+    for layer, source, problem in layered.problems:
+        print(f"{source} ({layer}): {problem}" if prefix else problem)
+    if layered.problems:
         return EXIT_PROBLEMS
-    print(f"{path}: ok ({len(config.groups)} groups)")
+    for file in present:
+        assert file.config is not None
+        groups = [g for g in layered.config.groups if g.source == file.path]
+        print(f"{file.path}: ok ({len(groups)} groups{', ' + file.layer if prefix else ''})")
     return EXIT_OK
 
 
-def _read_event() -> dict:
+def _read_event() -> tuple[bytes, dict]:
+    from egress.hooks.events import EventError, parse_event
+
     raw = sys.stdin.buffer.read()
     try:
-        event = json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"event on stdin is not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"event on stdin is not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
-    if not isinstance(event, dict):
-        raise UsageError("event on stdin must be a JSON object")
-    tool_call = event.get("tool_call")
-    if not isinstance(tool_call, dict) or not isinstance(tool_call.get("name"), str):
-        raise UsageError('event on stdin has no "tool_call": {"name": "..."}')
-    return event
+        return raw, parse_event(raw)
+    except EventError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _write_decision(decision_json: dict) -> None:
+    # Bytes, not text: the reason must reach the runtime as UTF-8 whatever the locale.
+    sys.stdout.buffer.write(json.dumps(decision_json, ensure_ascii=False).encode("utf-8") + b"\n")
+    sys.stdout.flush()
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from egress.hooks.dispatcher import DispatchSettings, dispatch, load_hooks
+    from egress.hooks.dispatcher import DispatchSettings, dispatch, log_problems
+    from egress.hooks.events import allow_json
 
+    if args.fail_closed:
+        raise UsageError('--fail-closed applies to --server (a handler fails closed with "onError": "deny")')
     if args.proxy is not None:
         _check_proxy_url(args.proxy)
     if args.ca_file is not None:
         _check_ca_file(args.ca_file)
-    path = _config_path(args)
-    event = _read_event()
-    config = load_hooks(path) if path is not None else None
+    load = _layers(args)
+    _, event = _read_event()
+    layered = load()
+    log_problems(layered.problems, _log)
+    config = layered.config
     tool_name = event["tool_call"]["name"]
-    if config is None or not any(rule.handlers for _, rule in config.matching_rules(args.event, tool_name)):
-        decision_json = {"decision": "allow"} if args.event == PRE_TOOL_EXECUTION else {}
-    else:
-        import asyncio  # ~45 ms of the cold start, so only when a hook will run
+    if not any(rule.handlers for _, rule in config.matching_rules(args.event, tool_name)):
+        _write_decision(allow_json(args.event))
+        return EXIT_OK
+    import asyncio  # ~45 ms of the cold start, so only when a hook will run
 
-        # No metrics: this process exits after one event and nothing scrapes it.
-        settings = DispatchSettings(cwd=args.workspace, proxy=args.proxy, ca_file=args.ca_file, record_metrics=False)
-        decision = asyncio.run(dispatch(config, args.event, event, settings))
-        decision_json = decision.as_json()
-    # Bytes, not text: the reason must reach the runtime as UTF-8 whatever the locale.
-    sys.stdout.buffer.write(json.dumps(decision_json, ensure_ascii=False).encode("utf-8") + b"\n")
-    sys.stdout.flush()
+    from egress.hooks.reaper import Reaper, become_subreaper
+
+    # Orphans of the hooks come back to this process, to be killed (egress.hooks.reaper).
+    become_subreaper()
+    reaper = Reaper()
+    # No metrics: this process exits after one event and nothing scrapes it.
+    settings = DispatchSettings(
+        cwd=args.workspace, proxy=args.proxy, ca_file=args.ca_file, record_metrics=False, budget=args.budget, reaper=reaper
+    )
+    decision = asyncio.run(dispatch(config, args.event, event, settings))
+    _write_decision(decision.as_json())
+    # The runtime has its answer; what the hooks left running goes now, before we exit.
+    sys.stdout.close()
+    reaper.sweep_until_quiet()
+    return EXIT_OK
+
+
+def _log(record: dict) -> None:
+    from egress.hooks.log import log_to_stderr
+
+    log_to_stderr(record)
+
+
+def _dispatch_via_server(args: argparse.Namespace) -> int:
+    """The thin client: nothing of the dispatcher is imported (egress.hooks.client)."""
+    from egress.hooks import client
+
+    for flag, value in (
+        ("--config", args.config),
+        ("--workspace", args.workspace),
+        ("--operator-config", args.operator_config),
+        ("--budget", args.budget),
+        ("--proxy", args.proxy),
+        ("--ca-file", args.ca_file),
+    ):
+        if value is not None:
+            raise UsageError(f"{flag} cannot be used with --server: the server holds the configuration")
+    if args.no_workspace_hooks:
+        raise UsageError("--no-workspace-hooks cannot be used with --server: the server holds the configuration")
+    try:
+        address = client.parse_address(args.server)
+    except ValueError as exc:
+        raise UsageError(f"--server {exc}") from None
+    raw, _ = _read_event()
+    try:
+        decision = client.decide(address, args.event, raw)
+    except client.EventRefused as exc:
+        raise UsageError(str(exc)) from None
+    except client.ServerUnavailable as exc:
+        decision = client.fallback(args.event, address, str(exc), args.fail_closed, _log)
+    _write_decision(decision)
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from egress.hooks import client
+
+    try:
+        address = client.parse_address(args.listen)
+    except ValueError as exc:
+        raise UsageError(f"--listen {exc}") from None
+    if not address.is_unix and not client.is_loopback(address.host or ""):
+        raise UsageError(f"--listen {args.listen}: TCP listens on loopback only (127.0.0.1, ::1, localhost); "
+                         "use unix:PATH to reach the server from elsewhere on this machine")  # fmt: skip
+    if args.proxy is not None:
+        _check_proxy_url(args.proxy)
+    if args.ca_file is not None:
+        _check_ca_file(args.ca_file)
+    load = _layers(args)
+
+    from egress.hooks.dispatcher import DispatchSettings
+    from egress.hooks.reaper import Reaper, become_subreaper
+    from egress.hooks.server import HookServer, ListenError, serve
+
+    become_subreaper()
+    workspace = str(Path(args.workspace or ".").resolve())
+    settings = DispatchSettings(
+        cwd=workspace, proxy=args.proxy, ca_file=args.ca_file, record_metrics=False, budget=args.budget, reaper=Reaper()
+    )
+    server = HookServer(load, settings, _log)
+    try:
+        asyncio.run(serve(address, server))
+    except ListenError as exc:
+        print(f"egress-hooks: error: --listen {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    except OSError as exc:
+        print(f"egress-hooks: error: --listen {args.listen}: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
     return EXIT_OK
 
 

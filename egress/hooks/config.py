@@ -26,13 +26,26 @@ from egress.hooks.matching import Matcher, compile_matcher
 CONFIG_RELATIVE_PATH = Path(".agents") / "hooks.json"
 ROOT_CONFIG_PATH = Path("/") / CONFIG_RELATIVE_PATH
 DEFAULT_TIMEOUT_SECONDS = 30.0
+# Above this a handler's timeout is a problem and this is used: the agent waits on
+# every pre-tool hook synchronously, and nothing a hook does should hold a tool call
+# for longer than ten minutes.
+MAX_TIMEOUT_SECONDS = 600.0
+ON_ERROR_ALLOW = "allow"  # the seed's fail-open
+ON_ERROR_DENY = "deny"
+# Operator and workspace file (see `egress.hooks.layers`).
+OPERATOR = "operator"
+WORKSPACE = "workspace"
+# A top-level key that is not a group: it starts with `$`, which the seed's group
+# names never do. Read from the operator's file only.
+SETTINGS_KEY = "$settings"
 
 _GROUP_FIELDS = ("enabled", *EVENTS)
 _RULE_FIELDS = ("matcher", "hooks")
 _HANDLER_FIELDS = {
-    "command": ("type", "command", "timeout"),
-    "http": ("type", "url", "headers", "timeout"),
+    "command": ("type", "command", "timeout", "onError"),
+    "http": ("type", "url", "headers", "timeout", "onError"),
 }
+_SETTINGS_FIELDS = ("workspaceHooks",)
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # fullmatch: `$` would pass a final newline
 _HEADER_VALUE_FORBIDDEN = re.compile(r"[\r\n\x00]")
 
@@ -42,6 +55,7 @@ class CommandHandler:
     index: int
     command: str
     timeout: float = DEFAULT_TIMEOUT_SECONDS
+    on_error: str = ON_ERROR_ALLOW
     type: str = field(default="command", init=False)
 
 
@@ -51,6 +65,7 @@ class HttpHandler:
     url: str
     headers: tuple[tuple[str, str], ...] = ()
     timeout: float = DEFAULT_TIMEOUT_SECONDS
+    on_error: str = ON_ERROR_ALLOW
     type: str = field(default="http", init=False)
 
 
@@ -69,6 +84,16 @@ class Group:
     name: str
     enabled: bool
     rules: dict[str, tuple[Rule, ...]]
+    # Which file it came from: OPERATOR or WORKSPACE (set by `egress.hooks.layers`).
+    layer: str = WORKSPACE
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """`"$settings"` of the operator's file. None: not said (the default applies)."""
+
+    workspace_hooks: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +101,9 @@ class HooksConfig:
     groups: tuple[Group, ...] = ()
     problems: tuple[str, ...] = ()
     source: str | None = None
+    settings: Settings = Settings()
+    # False when the file could not be read or parsed at all (no group came from it).
+    readable: bool = True
 
     def matching_rules(self, event: str, tool_name: str) -> Iterator[tuple[Group, Rule]]:
         """Enabled groups' rules for `event` that match `tool_name`, in file order."""
@@ -88,7 +116,10 @@ class HooksConfig:
 
 
 def discover_config(workspace: str | Path | None) -> Path | None:
-    """`.agents/hooks.json` under the workspace, else `/.agents/hooks.json`, else None."""
+    """The seed's discovery: `.agents/hooks.json` under the workspace, else
+    `/.agents/hooks.json`, else None. The dispatcher no longer uses it alone (the
+    first file found would let the workspace's replace the operator's); it loads
+    both through `egress.hooks.layers`."""
     candidates = []
     if workspace is not None:
         candidates.append(Path(workspace) / CONFIG_RELATIVE_PATH)
@@ -99,17 +130,17 @@ def discover_config(workspace: str | Path | None) -> Path | None:
     return None
 
 
-def load_config(path: str | Path) -> HooksConfig:
+def load_config(path: str | Path, *, settings_allowed: bool = False) -> HooksConfig:
     path = Path(path)
     try:
         with path.open("rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        return HooksConfig(problems=(f"{path}: cannot read: {exc.strerror or exc}",), source=str(path))
+        return HooksConfig(problems=(f"{path}: cannot read: {exc.strerror or exc}",), source=str(path), readable=False)
     if len(data) > MAX_CONFIG_BYTES:
         problem = f"{path}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, not a hooks.json"
-        return HooksConfig(problems=(problem,), source=str(path))
-    return parse_config(data, source=str(path))
+        return HooksConfig(problems=(problem,), source=str(path), readable=False)
+    return parse_config(data, source=str(path), settings_allowed=settings_allowed)
 
 
 # Read on every tool call: a few kilobytes in practice, and never read whole when it is
@@ -117,26 +148,31 @@ def load_config(path: str | Path) -> HooksConfig:
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 
-def parse_config(data: str | bytes, source: str | None = None) -> HooksConfig:
+def parse_config(data: str | bytes, source: str | None = None, *, settings_allowed: bool = False) -> HooksConfig:
+    """`settings_allowed`: the file is the operator's, whose `"$settings"` is read."""
     where = source or "hooks.json"
     if isinstance(data, bytes):
         try:
             # utf-8-sig: editors on some platforms save JSON with a BOM.
             data = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            return HooksConfig(problems=(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})",), source=source)
+            problem = f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})"
+            return HooksConfig(problems=(problem,), source=source, readable=False)
     try:
         document = json.loads(data, object_pairs_hook=_JsonObject)
     except json.JSONDecodeError as exc:
         return HooksConfig(
             problems=(f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",),
             source=source,
+            readable=False,
         )
     except RecursionError:  # json recurses per nesting level
-        return HooksConfig(problems=(f"{where}: invalid JSON: nested too deeply",), source=source)
-    parser = _Parser()
+        return HooksConfig(problems=(f"{where}: invalid JSON: nested too deeply",), source=source, readable=False)
+    parser = _Parser(settings_allowed=settings_allowed)
     groups = parser.parse_document(document)
-    return HooksConfig(groups=tuple(groups), problems=tuple(parser.problems), source=source)
+    return HooksConfig(
+        groups=tuple(groups), problems=tuple(parser.problems), source=source, settings=parser.settings
+    )
 
 
 class _JsonObject(dict):
@@ -175,8 +211,10 @@ def _type_name(value: Any) -> str:
 
 
 class _Parser:
-    def __init__(self) -> None:
+    def __init__(self, settings_allowed: bool = False) -> None:
         self.problems: list[str] = []
+        self.settings_allowed = settings_allowed
+        self.settings = Settings()
 
     def problem(self, where: str, message: str) -> None:
         self.problems.append(f"{where}: {message}")
@@ -194,6 +232,9 @@ class _Parser:
             )
         occurrences: dict[str, int] = {}
         for name, body in document.pairs:
+            if name == SETTINGS_KEY:
+                self.parse_settings(body)
+                continue
             occurrences[name] = occurrences.get(name, 0) + 1
             label = f"group {json.dumps(name)}"
             if occurrences[name] > 1:
@@ -202,6 +243,27 @@ class _Parser:
             if group is not None:
                 groups.append(group)
         return groups
+
+    def parse_settings(self, body: Any) -> None:
+        where = json.dumps(SETTINGS_KEY)
+        if not self.settings_allowed:
+            self.problem(where, "settings are read from the operator's /.agents/hooks.json only; ignored")
+            return
+        if not isinstance(body, _JsonObject):
+            self.problem(where, f"must be an object, got {_type_name(body)}; ignored")
+            return
+        self.check_fields(where, body, _SETTINGS_FIELDS)
+        if "workspaceHooks" in body:
+            value = body["workspaceHooks"]
+            if not isinstance(value, bool):
+                # Said, but not plainly: read as the stricter choice, since the
+                # operator wrote the key to change the default.
+                self.problem(
+                    f"{where}.workspaceHooks",
+                    f"must be true or false, got {json.dumps(value)}; workspace hooks.json files are not loaded",
+                )
+                value = False
+            self.settings = Settings(workspace_hooks=value)
 
     def parse_group(self, name: str, where: str, body: Any) -> Group | None:
         if not isinstance(body, _JsonObject):
@@ -277,12 +339,13 @@ class _Parser:
             return None
         self.check_fields(where, body, _HANDLER_FIELDS[handler_type])
         timeout = self.parse_timeout(f"{where}.timeout", body)
+        on_error = self.parse_on_error(f"{where}.onError", body)
         if handler_type == "command":
             command = body.get("command")
             if not isinstance(command, str) or not command.strip():
                 self.problem(f"{where}.command", f"must be a non-empty string, {self.describe(body, 'command')}; skipped")
                 return None
-            return CommandHandler(index=index, command=command, timeout=timeout)
+            return CommandHandler(index=index, command=command, timeout=timeout, on_error=on_error)
         url = body.get("url")
         url_problem = _url_problem(url) if "url" in body else "missing"
         if url_problem is not None:
@@ -290,13 +353,27 @@ class _Parser:
             return None
         assert isinstance(url, str)  # _url_problem refused anything else
         headers = self.parse_headers(f"{where}.headers", body["headers"]) if "headers" in body else ()
-        return HttpHandler(index=index, url=url, headers=headers, timeout=timeout)
+        return HttpHandler(index=index, url=url, headers=headers, timeout=timeout, on_error=on_error)
+
+    def parse_on_error(self, where: str, body: dict) -> str:
+        value = body.get("onError", ON_ERROR_ALLOW)
+        if value in (ON_ERROR_ALLOW, ON_ERROR_DENY):
+            return value
+        # Whoever wrote onError wanted something other than the default fail-open;
+        # a typo ("Deny", "block") must not quietly leave the gate open.
+        self.problem(where, f'must be "allow" or "deny", got {json.dumps(value)}; "deny" is used')
+        return ON_ERROR_DENY
 
     def parse_timeout(self, where: str, body: dict) -> float:
         if "timeout" not in body:
             return DEFAULT_TIMEOUT_SECONDS
         value = body["timeout"]
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+            if value > MAX_TIMEOUT_SECONDS:
+                self.problem(
+                    where, f"{value:g} s is above the maximum of {MAX_TIMEOUT_SECONDS:g} s; {MAX_TIMEOUT_SECONDS:g} s is used"
+                )
+                return MAX_TIMEOUT_SECONDS
             return float(value)
         self.problem(
             where,

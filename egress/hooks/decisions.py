@@ -27,6 +27,7 @@ TIMEOUT = "timeout"
 _BOM = "\ufeff"
 _EXIT_COMMAND_NOT_FOUND = 127
 _EXIT_NOT_EXECUTABLE = 126
+_EXIT_FOREIGN_BLOCK = 2
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class ParsedOutput:
     deny: bool = False
     reason: str | None = None
     problem: str | None = None
+    # A block in another agent's hook format (see `_foreign_block`): what it said.
+    foreign_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,12 @@ class HandlerOutcome:
     # worked as designed.
     failure: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # A failure turned into a deny by the handler's `"onError": "deny"`.
+    closed: bool = False
 
     @property
     def denied(self) -> bool:
-        return self.outcome == DENY
+        return self.outcome == DENY or self.closed
 
 
 def default_deny_reason(group: str) -> str:
@@ -80,9 +85,38 @@ def parse_decision_output(raw: bytes, truncated: bool = False) -> ParsedOutput:
     decision = document.get("decision")
     if decision == "allow":
         return ParsedOutput()
+    foreign = _foreign_block(document)
+    if foreign is not None:
+        return ParsedOutput(problem=foreign[0], foreign_reason=foreign[1])
     if "decision" not in document:
         return ParsedOutput(problem="no_decision")
     return ParsedOutput(problem="unrecognised_decision")
+
+
+_FOREIGN_REASON_CHARS = 300
+
+
+def _foreign_block(document: dict) -> tuple[str, str] | None:
+    """A "block" in another agent's format, as (failure code, its reason text).
+
+    Claude Code's `permissionDecision` (top level or in `hookSpecificOutput`),
+    `"decision": "block"` (Claude Code, Codex), Cursor's `"permission"`. The
+    seed reads each as an allow; it stays one, but the log says which format it
+    was, so an operator sees why a gate written for another agent did not hold.
+    """
+    specific = document.get("hookSpecificOutput")
+    for body in (document, specific if isinstance(specific, dict) else {}):
+        if body.get("permissionDecision") in ("deny", "ask"):
+            return "foreign_permission_decision", _text(body.get("permissionDecisionReason"))
+    if document.get("decision") == "block":
+        return "foreign_decision_block", _text(document.get("reason"))
+    if document.get("permission") in ("deny", "ask"):
+        return "foreign_permission", _text(document.get("agent_message") or document.get("user_message"))
+    return None
+
+
+def _text(value: Any) -> str:
+    return value[:_FOREIGN_REASON_CHARS] if isinstance(value, str) else ""
 
 
 class _DecisionObject(dict):
@@ -102,6 +136,7 @@ def judge_command(
     stdout_truncated: bool,
     timed_out: bool,
     spawn_error: str | None = None,
+    stderr: bytes = b"",
 ) -> HandlerOutcome:
     if spawn_error is not None:
         return HandlerOutcome(ERROR, failure="spawn_failed", details={"error": spawn_error})
@@ -113,6 +148,10 @@ def judge_command(
             # The page: a crash is an allow. A deny from a script that then
             # failed is still a crash; logged distinctly so it is noticed.
             return HandlerOutcome(ERROR, failure="deny_with_nonzero_exit", details=details)
+        if exit_code == _EXIT_FOREIGN_BLOCK and stderr.strip():
+            # Claude Code's "exit 2, reason on stderr" block: a crash to the seed.
+            reason = stderr.decode("utf-8", "replace").strip()[-_FOREIGN_REASON_CHARS:]
+            return HandlerOutcome(ERROR, failure="foreign_exit_status_2", details={**details, "foreign_reason": reason})
         return HandlerOutcome(ERROR, failure=_exit_failure(exit_code), details=details)
     if event != PRE_TOOL_EXECUTION:
         return HandlerOutcome(ALLOW, details=details)
@@ -150,6 +189,8 @@ def _judge_output(group: str, output: bytes, truncated: bool, details: dict[str,
     if parsed.deny:
         return HandlerOutcome(DENY, deny_reason=parsed.reason or default_deny_reason(group), details=details)
     if parsed.problem is not None:
+        if parsed.foreign_reason is not None:
+            details = {**details, "foreign_reason": parsed.foreign_reason}
         return HandlerOutcome(ERROR, failure=parsed.problem, details=details)
     return HandlerOutcome(ALLOW, details=details)
 

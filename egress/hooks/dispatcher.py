@@ -1,19 +1,30 @@
-"""Dispatch one event to every matching handler (SPEC §4), as a library.
+"""Dispatch one event to every matching handler (SPEC §4, §8), as a library.
 
     config = load_hooks(workspace="/workspace")        # logs config problems once
     decision = await dispatch(config, "pre_tool_execution", event)
     decision.as_json()   # {"decision": "allow"} / {"decision": "deny", "reason": ...} / {}
 
-Groups run in file order, handlers in declared order, one at a time (a pre
+The operator's groups run first, then the workspace's (`egress.hooks.layers`);
+groups in file order, handlers in declared order, one at a time (a pre
 decision depends on the order). For `pre_tool_execution` the first deny
 stops everything after it; for `post_tool_execution` every handler runs and
-its output is ignored. Each run is counted in `egress_hook_runs_total`;
-each fail-open is logged as one JSON line.
+its output is ignored. A handler with `"onError": "deny"` turns its failure
+into a deny (`egress.hooks.fail_closed`). The event has a time budget
+(default: the sum of its handlers' timeouts, at most 600 s): each handler
+gets at most what is left, and handlers it leaves no time for are skipped,
+failing open or closed as each one says. Each run is counted in
+`egress_hook_runs_total`; each fail-open, fail-closed and skip is logged as
+one JSON line.
+
+Command hooks see, besides the event on stdin, `HOOK_EVENT`, `HOOK_TOOL_NAME`
+and `HOOK_ENVIRONMENT_ID` in their environment, and run in the workspace.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,17 +33,27 @@ from urllib.parse import urlsplit
 
 from egress.hooks import EVENTS, PRE_TOOL_EXECUTION
 from egress.hooks.config import (
+    MAX_TIMEOUT_SECONDS,
     CommandHandler,
+    Group,
     Handler,
     HooksConfig,
     HttpHandler,
-    discover_config,
-    load_config,
+    Rule,
 )
-from egress.hooks.decisions import ERROR, HandlerOutcome, judge_command, judge_http
+from egress.hooks.decisions import ERROR, TIMEOUT, HandlerOutcome, judge_command, judge_http
+from egress.hooks.fail_closed import BUDGET_EXHAUSTED, SKIPPED, apply_on_error, deny_reason, fails_closed, hook_label
 from egress.hooks.log import LogSink, log_to_stderr
+from egress.hooks.reaper import RUN_TOKEN_VARIABLE, Reaper
 
 _MAX_LOGGED_STDERR = 1000
+# The default budget of an event is the sum of its handlers' timeouts, capped here.
+MAX_BUDGET_SECONDS = MAX_TIMEOUT_SECONDS
+# What a handler that times out may take beyond its timeout (SIGTERM grace and
+# drain in the command runner), counted into the default budget.
+_STOP_ALLOWANCE_SECONDS = 0.3
+# A handler cut short by the budget is killed without the usual grace.
+_BUDGET_STOP_GRACE_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,11 @@ class DispatchSettings:
     ca_file: str | None = None
     record_metrics: bool = True
     log: LogSink = field(default=log_to_stderr)
+    # Total seconds for one event; None: the sum of its handlers' timeouts (capped).
+    budget: float | None = None
+    # Kills what a dispatch's command hooks leave running; None: one per dispatch
+    # call, swept when it ends (the CLI and the server pass their own).
+    reaper: Reaper | None = None
 
 
 DEFAULT_SETTINGS = DispatchSettings()  # frozen, so one shared default is safe
@@ -68,18 +94,28 @@ def load_hooks(
     *,
     workspace: str | Path | None = None,
     log: LogSink = log_to_stderr,
+    operator_path: str | Path | None = None,
+    workspace_hooks: bool = True,
 ) -> HooksConfig:
-    """Load the explicit or discovered hooks.json; no file means no hooks.
+    """Load the operator's `/.agents/hooks.json` and the workspace's file (or
+    `config_path` in its place); no file means no hooks.
 
     Problems are logged here, once per load, not on every dispatch.
     """
-    path = Path(config_path) if config_path is not None else discover_config(workspace)
-    if path is None:
-        return HooksConfig()
-    config = load_config(path)
-    for problem in config.problems:
-        log({"msg": "hook_config_problem", "source": config.source, "problem": problem})
-    return config
+    from egress.hooks.layers import load_layers, workspace_default
+
+    layered = load_layers(
+        operator_path,
+        Path(config_path) if config_path is not None else workspace_default(workspace),
+        workspace_hooks=workspace_hooks,
+    )
+    log_problems(layered.problems, log)
+    return layered.config
+
+
+def log_problems(problems: tuple[tuple[str, str, str], ...], log: LogSink) -> None:
+    for layer, source, problem in problems:
+        log({"msg": "hook_config_problem", "layer": layer, "source": source, "problem": problem})
 
 
 async def dispatch(
@@ -91,20 +127,91 @@ async def dispatch(
     if event_name not in EVENTS:
         raise ValueError(f"unknown hook event {event_name!r}; expected one of {', '.join(EVENTS)}")
     tool_name = _tool_name(event)
-    payload: bytes | None = None
-    for group, rule in config.matching_rules(event_name, tool_name):
-        for handler in rule.handlers:
-            if payload is None:
-                # Serialised once, and only when something will read it.
-                payload = _serialise(event)
-            outcome, duration_ms = await _run_handler(handler, event_name, group.name, payload, settings)
-            if settings.record_metrics:
-                _record(event_name, handler.type, outcome.outcome)
-            if outcome.failure is not None:
-                settings.log(_fail_open_record(event_name, tool_name, group.name, rule.index, handler, outcome, duration_ms))
-            if outcome.denied and event_name == PRE_TOOL_EXECUTION:
-                return Decision(event_name, denied=True, reason=outcome.deny_reason)
+    plan = [(group, rule, handler) for group, rule in config.matching_rules(event_name, tool_name) for handler in rule.handlers]
+    if not plan:
+        return Decision(event_name)
+    budget = settings.budget if settings.budget is not None else default_budget(handler for _, _, handler in plan)
+    deadline = time.monotonic() + budget
+    # Serialised once, and only when something will read it.
+    payload = _serialise(event)
+    reaper = settings.reaper or Reaper()
+    token = reaper.start()
+    env = handler_environment(event_name, event, tool_name, token)
+    try:
+        return await _run_plan(plan, event_name, tool_name, payload, env, deadline, budget, settings)
+    finally:
+        reaper.finish(token)
+        if settings.reaper is None:
+            reaper.sweep()
+
+
+async def _run_plan(
+    plan: list[tuple[Group, Rule, Handler]],
+    event_name: str,
+    tool_name: str,
+    payload: bytes,
+    env: dict[str, str],
+    deadline: float,
+    budget: float,
+    settings: DispatchSettings,
+) -> Decision:
+    for position, (group, rule, handler) in enumerate(plan):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return _skip_rest(plan[position:], event_name, tool_name, budget, settings)
+        label = hook_label(group.name, group.layer, event_name, rule.index, handler)
+        timeout = min(handler.timeout, remaining)
+        cut = timeout < handler.timeout
+        outcome, duration_ms = await _run_handler(handler, event_name, group.name, payload, settings, timeout, env, cut)
+        if cut and outcome.outcome == TIMEOUT:
+            outcome = HandlerOutcome(TIMEOUT, failure=BUDGET_EXHAUSTED, details={**outcome.details, "budget_s": budget})
+        outcome = apply_on_error(outcome, event_name, label, handler, handler.timeout, budget)
+        if settings.record_metrics:
+            _record(event_name, handler.type, outcome.outcome)
+        if outcome.failure is not None:
+            settings.log(_failure_record(event_name, tool_name, group, rule.index, handler, outcome, duration_ms))
+        if outcome.denied and event_name == PRE_TOOL_EXECUTION:
+            return Decision(event_name, denied=True, reason=outcome.deny_reason)
     return Decision(event_name)
+
+
+def _skip_rest(
+    rest: list[tuple[Group, Rule, Handler]], event_name: str, tool_name: str, budget: float, settings: DispatchSettings
+) -> Decision:
+    """The budget is spent: log every handler not run; the first fail-closed one denies."""
+    denial: str | None = None
+    for group, rule, handler in rest:
+        closed = fails_closed(event_name, handler)
+        record = _identity(event_name, tool_name, group, rule.index, handler)
+        record.update(msg="hook_skipped", failure=SKIPPED, budget_s=budget, on_error=handler.on_error)
+        settings.log(record)
+        if closed and denial is None:
+            label = hook_label(group.name, group.layer, event_name, rule.index, handler)
+            denial = deny_reason(label, SKIPPED, {}, handler.timeout, budget)
+    if denial is not None:
+        return Decision(event_name, denied=True, reason=denial)
+    return Decision(event_name)
+
+
+def default_budget(handlers: Any) -> float:
+    total = sum(handler.timeout + _STOP_ALLOWANCE_SECONDS for handler in handlers)
+    return min(total, MAX_BUDGET_SECONDS)
+
+
+def handler_environment(event_name: str, event: Mapping[str, Any], tool_name: str, token: str) -> dict[str, str]:
+    environment_id = event.get("environment_id")
+    return {
+        **os.environ,
+        "HOOK_EVENT": event_name,
+        "HOOK_TOOL_NAME": _env_safe(tool_name),
+        "HOOK_ENVIRONMENT_ID": _env_safe(environment_id) if isinstance(environment_id, str) else "",
+        RUN_TOKEN_VARIABLE: token,
+    }
+
+
+def _env_safe(value: str) -> str:
+    # An environment string cannot hold NUL; a lone surrogate has no bytes.
+    return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
 
 
 def _serialise(event: Mapping[str, Any]) -> bytes:
@@ -125,22 +232,37 @@ def _tool_name(event: Mapping[str, Any]) -> str:
 
 
 async def _run_handler(
-    handler: Handler, event_name: str, group: str, payload: bytes, settings: DispatchSettings
+    handler: Handler,
+    event_name: str,
+    group: str,
+    payload: bytes,
+    settings: DispatchSettings,
+    timeout: float,
+    env: dict[str, str],
+    cut: bool,
 ) -> tuple[HandlerOutcome, float]:
     try:
         if isinstance(handler, CommandHandler):
-            return await _run_command_handler(handler, event_name, group, payload, settings)
-        return await _run_http_handler(handler, event_name, group, payload, settings)
+            return await _run_command_handler(handler, event_name, group, payload, settings, timeout, env, cut)
+        return await _run_http_handler(handler, event_name, group, payload, settings, timeout)
     except Exception as exc:  # noqa: BLE001 - a dispatcher bug must fail open, not crash the runtime's call
         return HandlerOutcome(ERROR, failure="internal_error", details={"error": f"{type(exc).__name__}: {exc}"[:300]}), 0.0
 
 
 async def _run_command_handler(
-    handler: CommandHandler, event_name: str, group: str, payload: bytes, settings: DispatchSettings
+    handler: CommandHandler,
+    event_name: str,
+    group: str,
+    payload: bytes,
+    settings: DispatchSettings,
+    timeout: float,
+    env: dict[str, str],
+    cut: bool,
 ) -> tuple[HandlerOutcome, float]:
-    from egress.hooks.runners.command import run_command
+    from egress.hooks.runners.command import TERMINATE_GRACE_SECONDS, run_command
 
-    result = await run_command(handler.command, payload, handler.timeout, cwd=settings.cwd)
+    grace = _BUDGET_STOP_GRACE_SECONDS if cut else TERMINATE_GRACE_SECONDS
+    result = await run_command(handler.command, payload, timeout, cwd=settings.cwd, env=env, grace=grace)
     outcome = judge_command(
         event_name,
         group,
@@ -149,6 +271,7 @@ async def _run_command_handler(
         stdout_truncated=result.stdout_truncated,
         timed_out=result.timed_out,
         spawn_error=result.spawn_error,
+        stderr=result.stderr_tail,
     )
     if outcome.failure is not None and result.stderr_tail:
         stderr = result.stderr_tail.decode("utf-8", "replace")[-_MAX_LOGGED_STDERR:]
@@ -157,13 +280,11 @@ async def _run_command_handler(
 
 
 async def _run_http_handler(
-    handler: HttpHandler, event_name: str, group: str, payload: bytes, settings: DispatchSettings
+    handler: HttpHandler, event_name: str, group: str, payload: bytes, settings: DispatchSettings, timeout: float
 ) -> tuple[HandlerOutcome, float]:
     from egress.hooks.runners.http import post_event
 
-    result = await post_event(
-        handler.url, payload, handler.headers, handler.timeout, proxy=settings.proxy, ca_file=settings.ca_file
-    )
+    result = await post_event(handler.url, payload, handler.headers, timeout, proxy=settings.proxy, ca_file=settings.ca_file)
     outcome = judge_http(
         event_name,
         group,
@@ -182,30 +303,39 @@ def _record(event_name: str, handler_type: str, outcome: str) -> None:
     record_hook_run(event_name, handler_type, outcome)
 
 
-def _fail_open_record(
+def _identity(event_name: str, tool_name: str, group: Group, rule_index: int, handler: Handler) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "event": event_name,
+        "tool": tool_name,
+        "group": group.name,
+        "layer": group.layer,
+        "rule": rule_index,
+        "handler": handler.index,
+        "type": handler.type,
+    }
+    if isinstance(handler, HttpHandler):
+        # Host only: the path or query of a webhook URL is often its secret.
+        record["host"] = urlsplit(handler.url).hostname
+    return record
+
+
+def _failure_record(
     event_name: str,
     tool_name: str,
-    group: str,
+    group: Group,
     rule_index: int,
     handler: Handler,
     outcome: HandlerOutcome,
     duration_ms: float,
 ) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "msg": "hook_fail_open",
-        "event": event_name,
-        "tool": tool_name,
-        "group": group,
-        "rule": rule_index,
-        "handler": handler.index,
-        "type": handler.type,
-        "outcome": outcome.outcome,
-        "failure": outcome.failure,
-        "duration_ms": duration_ms,
-        "timeout_s": handler.timeout,
-    }
-    if isinstance(handler, HttpHandler):
-        # Host only: the path or query of a webhook URL is often its secret.
-        record["host"] = urlsplit(handler.url).hostname
+    record: dict[str, Any] = {"msg": "hook_fail_closed" if outcome.closed else "hook_fail_open"}
+    record.update(_identity(event_name, tool_name, group, rule_index, handler))
+    record.update(
+        outcome=outcome.outcome,
+        failure=outcome.failure,
+        duration_ms=duration_ms,
+        timeout_s=handler.timeout,
+        on_error=handler.on_error,
+    )
     record.update(outcome.details)
     return record

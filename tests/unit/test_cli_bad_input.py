@@ -208,6 +208,16 @@ CASES = [
     ("hooks-check-deep", ["egress-hooks", "check", "--config", "{hooks-deep.json}"], 1, "{hooks-deep.json}: invalid JSON: nested too deeply"),
     ("hooks-check-50mb", ["egress-hooks", "check", "--config", "{hooks-big.json}"], 1, "{hooks-big.json}: larger than 4 MiB, not a hooks.json"),
     ("hooks-check-unreadable", ["egress-hooks", "check", "--config", "{unreadable.yaml}"], 1, "{unreadable.yaml}: cannot read: Permission denied"),
+    ("hooks-operator-config-missing", ["egress-hooks", "check", "--operator-config", "{adir}/none.json"], 2, "--operator-config {adir}/none.json: no such file"),
+    ("hooks-operator-config-directory", ["egress-hooks", "dispatch", "pre_tool_execution", "--operator-config", "{adir}"], 2, "--operator-config {adir}: is a directory, not a hooks.json file"),
+    ("hooks-budget-zero", ["egress-hooks", "dispatch", "pre_tool_execution", "--budget", "0"], 2, "argument --budget: must be more than 0 and at most 600 seconds, got 0"),
+    ("hooks-budget-word", ["egress-hooks", "serve", "--listen", "unix:{adir}/s.sock", "--budget", "soon"], 2, "argument --budget: not a number of seconds: 'soon'"),
+    ("hooks-server-no-port", ["egress-hooks", "dispatch", "pre_tool_execution", "--server", "localhost"], 2, "--server 'localhost': expected unix:PATH or HOST:PORT"),
+    ("hooks-fail-closed-without-server", ["egress-hooks", "dispatch", "pre_tool_execution", "--fail-closed"], 2, "--fail-closed applies to --server"),
+    ("hooks-no-workspace-hooks-with-server", ["egress-hooks", "dispatch", "pre_tool_execution", "--server", "unix:/x", "--no-workspace-hooks"], 2, "--no-workspace-hooks cannot be used with --server"),
+    ("hooks-serve-listen-public", ["egress-hooks", "serve", "--listen", "0.0.0.0:8123"], 2, "--listen 0.0.0.0:8123: TCP listens on loopback only"),
+    ("hooks-serve-listen-port", ["egress-hooks", "serve", "--listen", "127.0.0.1:http"], 2, "--listen '127.0.0.1:http': the port must be a number"),
+    ("hooks-serve-listen-not-socket", ["egress-hooks", "serve", "--listen", "unix:{good.yaml}"], 1, "--listen {good.yaml} exists and is not a socket; not replacing it"),
 ]
 
 

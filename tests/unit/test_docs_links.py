@@ -12,9 +12,6 @@ README_MAX_LINES = 250
 # [text](target) and [text](target "title"); images too. Code spans and fenced blocks are
 # removed first: a link shown as code is not a link.
 LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-# docs/hooks-basics.md is being merged into docs/hooks.md, which arrives on its own: until
-# then a link to docs/hooks.md may dangle, but only while hooks-basics.md is there.
-PENDING = {DOCS / "hooks.md": DOCS / "hooks-basics.md"}
 
 
 def relative_links(text: str) -> list[str]:
@@ -34,9 +31,6 @@ def test_relative_links_lead_to_files(path):
     for link in links:
         target = (path.parent / link.split("#", 1)[0]).resolve()
         assert target.is_relative_to(REPO), f"{path.name}: {link} leaves the repository"
-        pending = PENDING.get(target)
-        if not target.exists() and pending is not None and pending.exists():
-            continue
         assert target.exists(), f"{path.name}: {link} leads to no file"
 
 

@@ -59,6 +59,7 @@ OWN_PROGRAMS = {
     r"egress-proxy check\b": lambda: cli_flags()["egress-proxy check"],
     r"egress-proxy redirect-rules\b": lambda: cli_flags()["egress-proxy redirect-rules"],
     r"egress-hooks dispatch\b": lambda: cli_flags()["egress-hooks dispatch"],
+    r"egress-hooks serve\b": lambda: cli_flags()["egress-hooks serve"],
     r"egress-hooks check\b": lambda: cli_flags()["egress-hooks check"],
     r"egress-(?:proxy|hooks) --version\b": lambda: frozenset({"--version"}),
     r"scripts/run-example\.sh\b": lambda: cli_flags()["egress-proxy run"],  # passes them on
@@ -121,18 +122,31 @@ def attributed_flags(line: str):
 # -- direction 1: the software -> the docs ------------------------------------------------
 
 
+def synopsis_blocks() -> list[tuple[str, str]]:
+    """(document, its "Command line" synopsis block): docs/cli.md's, and docs/hooks.md's
+    for the `egress-hooks` commands."""
+    blocks = []
+    for name, heading in (("cli.md", "# Command line"), ("hooks.md", "## Command line")):
+        block = re.search(r"```\n(.*?)```", section(page(name), heading), re.S)
+        assert block, f"docs/{name}'s Command line section has no synopsis block"
+        blocks.append((name, block.group(0)))
+    return blocks
+
+
 def test_readme_command_line_synopsis_has_every_flag():
-    """docs/cli.md lists every subcommand with all its flags, as `--help` has them."""
-    block = re.search(r"```\n(.*?)```", section(page("cli.md"), "# Command line"), re.S)
-    assert block, "docs/cli.md has no synopsis block"
+    """docs/cli.md lists every subcommand with all its flags, as `--help` has them (for
+    `egress-hooks`, docs/cli.md's and docs/hooks.md's synopses together)."""
     synopsis: dict[str, set[str]] = {}
-    current = None
-    for line in block.group(1).splitlines():
-        if line.startswith("egress-"):
-            current = " ".join(line.split()[:2])
-            synopsis.setdefault(current, set())
-        assert current, line
-        synopsis[current] |= set(FLAG.findall(line))
+    for _, block in synopsis_blocks():
+        current = None
+        for line in block.strip("`").splitlines():
+            if not line.strip():
+                continue
+            if line.startswith("egress-"):
+                current = " ".join(line.split()[:2])
+                synopsis.setdefault(current, set())
+            assert current, line
+            synopsis[current] |= set(FLAG.findall(line))
     for tool, names in subcommands().items():
         for name in names:
             command = f"{tool} {name}"
@@ -146,10 +160,9 @@ def test_readme_command_line_synopsis_has_every_flag():
 def test_every_flag_is_explained_in_readme():
     """Beyond the synopsis: each flag of `run`, `redirect-rules` and `egress-hooks` is
     described somewhere else in README or docs/ too (a table row or a sentence)."""
-    text = docs_text()
-    synopsis = re.search(r"```\n(.*?)```", section(page("cli.md"), "# Command line"), re.S)
-    assert synopsis
-    prose = text.replace(synopsis.group(0), "")
+    prose = docs_text()
+    for _, block in synopsis_blocks():
+        prose = prose.replace(block, "")
     for command, flags in cli_flags().items():
         for flag in flags - {"--help"}:
             assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", prose), f"{command} {flag} is not explained in README or docs/"

@@ -166,7 +166,7 @@ def test_other_mistakes_each_name_their_place():
         f'{where}[1].matcher: missing; treated as "*" (every tool) - write "*" to say so',
         f"{where}[2].hooks[0]: must be an object, got string; skipped",
         f"{where}[2].hooks[1].command: must be a non-empty string, missing; skipped",
-        f"{where}[2].hooks[2].url: unknown field (expected type, command, timeout); ignored",
+        f"{where}[2].hooks[2].url: unknown field (expected type, command, timeout, onError); ignored",
         f"{where}[2].hooks[3].url: must be an http:// or https:// URL; skipped",
         f"{where}[2].hooks[4].headers.Bad Name: not a valid header name; header not sent",
         f"{where}[2].hooks[4].headers.X-Nl: value contains CR, LF or NUL; header not sent",

@@ -28,7 +28,7 @@ POST = "post_tool_execution"
         (b'{"decision": "allow"}', False, None, None),
         (b'{"decision": "allow", "extra": {"decision": "deny"}}', False, None, None),
         (b'{"decision": "Deny"}', False, None, "unrecognised_decision"),
-        (b'{"decision": "block"}', False, None, "unrecognised_decision"),
+        (b'{"decision": "block"}', False, None, "foreign_decision_block"),  # Claude Code's format: still no deny
         (b'{"decision": ["deny"]}', False, None, "unrecognised_decision"),
         (b"{}", False, None, "no_decision"),
         (b'{"result": {"decision": "deny"}}', False, None, "no_decision"),

@@ -60,9 +60,9 @@ def test_example_spec_header_command_works():
 
 
 def test_readme_hooks_example_as_written():
-    """docs/hooks-basics.md: the commands run in the repository as shown (the installed
-    scripts in place of `.venv/bin/`), and print what the comments say."""
-    text = page("hooks-basics.md")
+    """docs/hooks.md's first example: the commands run in the repository as shown (the
+    installed scripts in place of `.venv/bin/`), and print what the comments say."""
+    text = section(page("hooks.md"), "## A first example")
     block = re.search(r"```sh\n(.*?)```", text, re.S).group(1).splitlines()
     bin_dir = os.path.dirname(script("egress-hooks"))
     claims = []

@@ -6,7 +6,10 @@ The traps this avoids, each seen in other agents' hook runners:
 - Unbounded memory: stdout is kept up to a cap but read to the end, so a
   chatty hook never blocks on a full pipe and never grows our memory.
 - Orphans: the shell gets its own process group (`start_new_session`), and a
-  timeout signals the whole group - SIGTERM, a short grace, then SIGKILL.
+  timeout signals the whole group - SIGTERM, a short grace, then SIGKILL. When
+  the hook ends by itself the group is killed too: nothing it started in the
+  background outlives it (processes that left the group are found by
+  `egress.hooks.reaper`).
 - Hanging on a held pipe: a grandchild that keeps stdout open (`sleep 60 &`)
   cannot make us wait past the timeout; the final drain is bounded too, so a
   process that escaped the group still cannot hold us.
@@ -69,6 +72,7 @@ async def run_command(
     *,
     cwd: str | None = None,
     env: dict[str, str] | None = None,
+    grace: float = TERMINATE_GRACE_SECONDS,
 ) -> CommandResult:
     started = time.monotonic()
 
@@ -100,18 +104,17 @@ async def run_command(
     # Done means: the shell exited *and* both pipes reached EOF, i.e. no
     # descendant can still add to the decision.
     finished = asyncio.gather(process.wait(), *readers)
-    timed_out = completed = False
+    timed_out = False
     try:
         await asyncio.wait_for(asyncio.shield(finished), timeout)
-        completed = True
     except TimeoutError:
         timed_out = True
-        await _stop_group(process, finished)
+        await _stop_group(process, finished, grace)
     finally:
-        if not completed:
-            # Also reached when the caller cancels us: nobody will read this
-            # hook's answer any more, so none of its processes may outlive it.
-            _signal_group(process, signal.SIGKILL)
+        # Also reached when the caller cancels us: nobody will read this hook's
+        # answer any more, so none of its processes may outlive it. After a
+        # normal end, what is left in the group is background work of the hook.
+        _signal_group(process, signal.SIGKILL)
         writer.cancel()
         if not finished.done():
             # Bounded drain ran out (a process left the group and holds a
@@ -148,17 +151,18 @@ async def _feed_stdin(process: asyncio.subprocess.Process, data: bytes) -> None:
             pass
 
 
-async def _stop_group(process: asyncio.subprocess.Process, finished: asyncio.Future) -> None:
+async def _stop_group(process: asyncio.subprocess.Process, finished: asyncio.Future, grace: float) -> None:
     _signal_group(process, signal.SIGTERM)
     try:
-        await asyncio.wait_for(asyncio.shield(finished), TERMINATE_GRACE_SECONDS)
+        await asyncio.wait_for(asyncio.shield(finished), grace)
     except TimeoutError:
         pass
     # SIGKILL even if the shell is gone: a child that ignored SIGTERM may
     # still be in the group.
     _signal_group(process, signal.SIGKILL)
     try:
-        await asyncio.wait_for(asyncio.shield(finished), FINAL_DRAIN_SECONDS)
+        # A short grace (the event's budget ran out) shortens the drain too.
+        await asyncio.wait_for(asyncio.shield(finished), min(FINAL_DRAIN_SECONDS, max(grace, 0.05) * 2))
     except TimeoutError:
         pass
 
