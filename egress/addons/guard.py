@@ -54,7 +54,7 @@ from egress.ops.audit import DecisionLog
 from egress.policy import decisions as policy
 from egress.policy.addresses import IPAddress
 from egress.policy.domains import HostError, normalize_host
-from egress.wire import clienthello, tunnel_start
+from egress.wire import clienthello, protocol_switch, tunnel_start
 from egress.wire.fields import connect_target_problem, declared_length_problem, field_value_problem, host_field_problem
 from egress.wire.request_target import request_target_problem
 
@@ -127,6 +127,17 @@ def _transparent(client: connection.Client) -> bool:
     return isinstance(client.proxy_mode, mode_specs.TransparentMode)
 
 
+def _refusal(decision: policy.Decision, method: str) -> http.Response:
+    if decision.reason == policy.REQUEST_NOT_ALLOWED and decision.request is not None:
+        return refusals.request_not_allowed(decision.host, method, decision.request.path, decision.request.problem)
+    return refusals.denied(decision.reason, decision.host)
+
+
+def _has_rules(decision: policy.Decision) -> bool:
+    """Only HTTP can be held to the entry's request rules: anything else in its tunnel is refused."""
+    return decision.entry is not None and decision.entry.requests is not None
+
+
 def _normalized(host: str) -> str | None:
     try:
         return normalize_host(host)
@@ -194,7 +205,7 @@ class DestinationGuard:
         decision = await self._check_request(flow)
         flow.metadata[DECISION_KEY] = decision
         if not decision.allowed:
-            flow.response = refusals.denied(decision.reason, decision.host)
+            flow.response = _refusal(decision, flow.request.method)
             self.log.record(
                 decision, client=_client_label(flow.client_conn), port=flow.request.port, method=flow.request.method
             )
@@ -252,7 +263,10 @@ class DestinationGuard:
             # The server's answer to TRACE is the request as it arrived, injected header
             # and all: the sandbox would read the secret (a red-team find).
             return policy.with_reason(spec, decision, policy.TRACE_CREDENTIALS)
-        return decision
+        # The entry's request rules, on the method and target as they arrived (HTTP/1 request
+        # line, HTTP/2 `:method`/`:path`); a WebSocket handshake is asked as one.
+        upgrade = bool(request.headers.get_all("Upgrade")) and protocol_switch.followable_request(request.headers)
+        return policy.check_request(spec, decision, request.data.method, request.data.path, upgrade)
 
     @staticmethod
     def _host_header_name(request: http.Request) -> str | None:
@@ -301,6 +315,9 @@ class DestinationGuard:
             # way mitmproxy's connect takes the connection dialled at CONNECT.
             if tunnel is not None:
                 tunnel.decided = tunnel.inner_decided = True
+                if start is tunnel_start.Start.OTHER and _has_rules(tunnel.decision):
+                    self._refuse_unruled_stream(nextlayer, tunnel)
+                    return
             if start is tunnel_start.Start.HTTP:
                 nextlayer.layer = layers.HttpLayer(context, HTTPMode.transparent)
             return
@@ -321,8 +338,18 @@ class DestinationGuard:
         else:
             self._decide_connect_tls(nextlayer, tunnel, hello.server_name)
 
-    @staticmethod
-    def _decide_intercepted_stream(nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
+    def _refuse_unruled_stream(self, nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
+        """Bytes that are not HTTP in a tunnel to an entry with request rules: no method or
+        path to hold to them, so closed (nothing sent upstream) and logged."""
+        context = nextlayer.context
+        decision = policy.with_reason(self.checker.spec_for(context.client.id), tunnel.decision, policy.REQUEST_NOT_ALLOWED)
+        if not decision.allowed:  # report mode lets it pass, as it lets every request pass
+            tunnel.blocked = policy.REQUEST_NOT_ALLOWED
+            tunnel.release()
+            nextlayer.layer = RefuseLayer(context)
+        self.log.record(decision, client=_client_label(context.client), port=tunnel.port, method="TCP", kind="tunnel")
+
+    def _decide_intercepted_stream(self, nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
         """The first bytes inside TLS the proxy terminated: HTTP goes to the HTTP layer, however
         short its first write. mitmproxy's guess took `G` (then `ET / ... Host: other.test`)
         for raw TCP unless the client had negotiated an HTTP ALPN (a red-team find)."""
@@ -336,6 +363,8 @@ class DestinationGuard:
         tunnel.inner_decided = True
         if start is tunnel_start.Start.HTTP:
             nextlayer.layer = layers.HttpLayer(context, HTTPMode.transparent)
+        elif _has_rules(tunnel.decision):
+            self._refuse_unruled_stream(nextlayer, tunnel)
         # Anything else is mitmproxy's: raw TCP over TLS to the checked destination (no
         # credential is added to it), or TLS inside TLS, checked again in tls_clienthello.
 
