@@ -52,6 +52,7 @@ _HEX = frozenset(b"0123456789abcdefABCDEF")
 # What a path pattern may hold besides `/`: pchar (RFC 3986 §3.3) without `;` (refused in
 # paths) and `%` (escapes are checked on their own).
 _PATTERN_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,=:@%]*")
+_DOUBLE_ENCODED = re.compile(r"%25[0-9A-Fa-f]{2}")
 _FOLDED_AWAY = frozenset("/\\.;%")
 _MAX_SHOWN = 255
 
@@ -124,8 +125,6 @@ def _normalize_segment(raw: bytes) -> str:
                 raise PathError("an encoded '\\' (%5C) in the path")
             if value < 0x20 or value == 0x7F:
                 raise PathError("an encoded NUL or control character in the path")
-            if value == 0x25 and i + 1 < n and raw[i] in _HEX and raw[i + 1] in _HEX:
-                raise PathError("double percent-encoding (%25 followed by hex digits)")
         else:
             value = byte
             i += 1
@@ -140,7 +139,10 @@ def _normalize_segment(raw: bytes) -> str:
         raise PathError("percent-encoded bytes that are not UTF-8 (an overlong form?)") from None
     if not text.isascii() and _FOLDED_AWAY & set(unicodedata.normalize("NFKC", text)) - set(text):
         raise PathError("a character that Unicode folding turns into '/', '\\', '.', ';' or '%'")
-    return "".join(out)
+    segment = "".join(out)
+    if "%25" in segment and _DOUBLE_ENCODED.search(segment):  # `%25%41%41` too: `%25AA` once decoded
+        raise PathError("double percent-encoding (%25 followed by hex digits)")
+    return segment
 
 
 def shown_path(target: bytes) -> str:
@@ -287,12 +289,12 @@ PRESETS: dict[str, tuple[RequestItem, ...]] = {
             query=("service", frozenset({"git-upload-pack", None})), upgrades=False,
         ),
         RequestItem("git-read/upload-pack", frozenset({"POST"}), _preset_paths("/**/git-upload-pack"), upgrades=False),
-        # dumb HTTP: HEAD, the loose objects and packs, alternates
-        RequestItem("git-read/dumb", _READ, _preset_paths("/**/HEAD", "/**/objects/**"), upgrades=False),
         # Git LFS download: the batch API (its body names the operation; see
         # docs/request-rules.md) and the legacy per-object download.
         RequestItem("git-read/lfs", frozenset({"POST"}), _preset_paths("/**/info/lfs/objects/batch"), upgrades=False),
         RequestItem("git-read/lfs", _READ, _preset_paths("/**/info/lfs/objects/*"), upgrades=False),
+        # dumb HTTP: HEAD, the loose objects and packs, alternates
+        RequestItem("git-read/dumb", _READ, _preset_paths("/**/HEAD", "/**/objects/**"), upgrades=False),
     ),
 }  # fmt: skip
 
