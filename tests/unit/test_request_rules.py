@@ -11,7 +11,10 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
 import pytest
@@ -530,3 +533,41 @@ def test_audit_line_names_the_rule(fmt):
         assert first.endswith(" request_rule=git-read/upload-pack")
         assert second.endswith(" request_rule=- path=/x.git/git-receive-pack")
     assert "secret" not in out.getvalue()
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.sampled_from(["GET", "get", "/a", "a", "/**", "read-only", "git-read", "*", "/a*"])
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["methods", "paths", "x"]), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_VALUES)
+def test_any_requests_value_is_a_spec_or_a_spec_error(value):
+    text = json.dumps({"network": {"allowlist": [{"domain": "a.test", "requests": value}]}})
+    try:
+        spec = parse_spec(text, source="s.json")
+    except SpecError as exc:
+        assert all(p.startswith("s.json: network.allowlist[0].requests") for p in exc.problems), exc.problems
+    else:
+        assert spec.entries[0].requests is not None
+
+
+def test_check_command_reports_rule_problems_without_a_traceback(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "network:\n  allowlist:\n    - domain: github.com\n      requests: git-write\n"
+        "    - domain: api.github.com\n      requests:\n        - {methods: [post], paths: [repos/x]}\n"
+    )
+    script = Path(sys.executable).with_name("egress-proxy")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "egress.cli"]
+    done = subprocess.run([*command, "check", "--spec", str(spec)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stdout + done.stderr
+    assert (done.stdout + done.stderr).splitlines() == [
+        f"{spec}: network.allowlist[0].requests: unknown preset 'git-write' (expected one of read-only, git-read, or a list of items)",
+        f"{spec}: network.allowlist[1].requests[0].methods[0]: 'post' is not a registered HTTP method (IANA); methods are case-sensitive: did you mean POST?",
+        f"{spec}: network.allowlist[1].requests[0].paths[0]: 'repos/x' is not an absolute path (it must start with '/')",
+    ]
