@@ -24,6 +24,7 @@ import pytest
 from e2e.clients import client_ca_bundle, curl
 from e2e.lab import HOSTS, Lab, in_netns, raw_request
 from e2e.nginx_upstream import NginxUpstream, head, refs
+from e2e.transparent_lab import Sandbox
 
 HTTPS, HTTP = 9443, 9080
 PUSH_TOKEN = "push-" + secrets.token_hex(8)
@@ -250,10 +251,11 @@ PATH_TRICKS = [
 ]
 
 
+@pytest.mark.parametrize("version", ["--http2", "--http1.1"])
 @pytest.mark.parametrize(("method", "path", "routed"), PATH_TRICKS)
-def test_path_tricks_with_curl(lab, proxy, nginx, method, path, routed):
+def test_path_tricks_with_curl(lab, proxy, nginx, method, path, routed, version):
     mark = nginx.mark()
-    status, headers, body = curl(lab, proxy, f"https://{API}{path}", "--path-as-is", "-X", method, "--data-binary", "x")
+    status, headers, body = curl(lab, proxy, f"https://{API}{path}", "--path-as-is", "-X", method, "--data-binary", "x", version)
     seen = nginx.since(mark, expect=0 if routed is None else 1)
     if routed is None:
         assert (status, headers.get("x-egress-denied")) == (403, "request_not_allowed"), body
@@ -262,6 +264,7 @@ def test_path_tricks_with_curl(lab, proxy, nginx, method, path, routed):
     else:
         assert status == 200, body
         assert [(r["method"], r["request_uri"], r["uri"]) for r in seen] == [(method, path, routed)]
+        assert seen[0]["protocol"] == ("HTTP/2.0" if version == "--http2" else "HTTP/1.1")
         assert json.loads(body) == {"uri": routed}
 
 
@@ -407,6 +410,46 @@ def test_report_mode_reports_and_lets_through(lab, nginx):
         assert (line["decision"], line["reason"], line["path"]) == ("reported", "request_not_allowed", "/docs")
     finally:
         report.stop()
+
+
+# -- transparent mode --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sandbox(lab: Lab, nginx):
+    box = Sandbox(lab)
+    try:
+        box.start()
+        proxy = box.start_proxy(SPEC)
+        applied = box.redirect_rules("--proxy-port", str(proxy.port), "--proxy-uid", "0", "--apply")
+        assert applied.returncode == 0, applied.stderr
+        yield box
+    finally:
+        box.stop()
+
+
+@pytest.mark.parametrize(
+    ("url", "method", "passes"),
+    [
+        (f"https://{DOCS_HOST}:{HTTPS}/docs", "GET", True),
+        (f"https://{DOCS_HOST}:{HTTPS}/docs", "POST", False),
+        (f"https://{API_HOST}:{HTTPS}/repos/acme/x/issues", "POST", True),
+        (f"https://{API_HOST}:{HTTPS}/repos/acme/x/../../other/y/issues", "POST", False),
+        (f"http://{API_HOST}:{HTTP}/repos/acme/x/issues", "POST", True),
+        (f"http://{API_HOST}:{HTTP}/repos/acme/x/%2e%2e/%2e%2e/other/y/issues", "POST", False),
+        (f"http://{DOCS_HOST}:{HTTP}/docs", "DELETE", False),
+    ],
+)
+def test_transparent_mode_is_held_to_the_rules(sandbox, nginx, url, method, passes):
+    """No proxy settings at all: TLS by its SNI, plain HTTP by its Host header, then the rules."""
+    mark = nginx.mark()
+    status, headers, _ = sandbox.curl(url, "--path-as-is", "-X", method)
+    if passes:
+        assert status == 200
+        assert len(nginx.since(mark, expect=1)) == 1
+    else:
+        assert (status, headers.get("x-egress-denied")) == (403, "request_not_allowed")
+        assert nginx.since(mark) == []
 
 
 # -- raw clients -------------------------------------------------------------------------------
