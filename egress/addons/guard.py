@@ -35,6 +35,7 @@ from mitmproxy.net.http import url
 from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
 from mitmproxy.proxy.layers.http import HTTPMode
 from mitmproxy.proxy.layers.tls import HTTP_ALPNS
+from mitmproxy.utils import human
 
 from egress.addons.tunnel import (
     RefuseLayer,
@@ -133,6 +134,12 @@ def _refusal(decision: policy.Decision, method: str) -> http.Response:
     return refusals.denied(decision.reason, decision.host)
 
 
+def _stream_threshold() -> int:
+    """mitmproxy's `stream_large_bodies` in bytes: a body above it is sent on as it arrives."""
+    size = human.parse_size(ctx.options.stream_large_bodies)
+    return size if size is not None else 1 << 62
+
+
 def _has_rules(decision: policy.Decision) -> bool:
     """Only HTTP can be held to the entry's request rules: anything else in its tunnel is refused."""
     return decision.entry is not None and decision.entry.requests is not None
@@ -215,10 +222,28 @@ class DestinationGuard:
         request = flow.request
         # HTTP/1 frames a body by its content-length; HTTP/2 and /3 carry it beside the
         # frames, and the upstream (HTTP/1 or 2) would frame by the header (egress.wire.fields).
-        if flow.response is not None or not (request.is_http2 or request.is_http3) or request.raw_content is None:
+        if flow.response is not None:
             return
-        if (problem := declared_length_problem(request.headers.get("content-length"), len(request.raw_content))) is not None:
+        if (request.is_http2 or request.is_http3) and request.raw_content is not None and (
+            problem := declared_length_problem(request.headers.get("content-length"), len(request.raw_content))
+        ) is not None:
             flow.response = refusals.bad_request(problem)
+            return
+        decision: policy.Decision | None = flow.metadata.get(DECISION_KEY)
+        if decision is not None and decision.request is not None and decision.request.body:
+            # An item that checks the body too (git-read's LFS batch): the whole body is here
+            # and nothing has been sent upstream (its declared length was checked at the headers).
+            spec = self.checker.spec_for(flow.client_conn.id)
+            checked = policy.check_request_body(
+                spec, decision, request.headers.get("content-length"), request.raw_content, _stream_threshold()
+            )
+            if checked is not decision:
+                flow.metadata[DECISION_KEY] = checked
+                if not checked.allowed:
+                    flow.response = _refusal(checked, request.method)
+                # A second line for this request: the one at its headers said what they allowed.
+                self.log.record(checked, client=_client_label(flow.client_conn), port=request.port,
+                                method=request.method, kind="request_body")  # fmt: skip
 
     async def _check_request(self, flow: http.HTTPFlow) -> policy.Decision:
         request = flow.request
@@ -266,7 +291,10 @@ class DestinationGuard:
         # The entry's request rules, on the method and target as they arrived (HTTP/1 request
         # line, HTTP/2 `:method`/`:path`); a WebSocket handshake is asked as one.
         upgrade = bool(request.headers.get_all("Upgrade")) and protocol_switch.followable_request(request.headers)
-        return policy.check_request(spec, decision, request.data.method, request.data.path, upgrade)
+        decision = policy.check_request(spec, decision, request.data.method, request.data.path, upgrade)
+        if decision.request is not None and decision.request.body:  # its body is checked in `request`, if it can be
+            decision = policy.check_request_body(spec, decision, request.headers.get("content-length"), None, _stream_threshold())
+        return decision
 
     @staticmethod
     def _host_header_name(request: http.Request) -> str | None:

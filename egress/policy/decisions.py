@@ -29,7 +29,7 @@ from egress.policy.reasons import (  # noqa: F401  (callers read them from here 
     RESOLVE_FAILED,
     TRACE_CREDENTIALS,
 )
-from egress.policy.request_rules import Verdict
+from egress.policy.request_rules import Verdict, body_problem
 from egress.policy.spec import AllowlistEntry, Spec
 
 
@@ -154,6 +154,22 @@ def check_request(spec: Spec, decision: Decision, method: bytes, target: bytes, 
     if verdict.allowed:
         return replace(decision, request=verdict)
     return replace(_finish(spec, decision.host, REQUEST_NOT_ALLOWED, decision.entry), request=verdict)
+
+
+def check_request_body(
+    spec: Spec, decision: Decision, declared_length: str | None, content: bytes | None, limit: int
+) -> Decision:
+    """A decision whose item also checks the body (`git-read`'s LFS batch): at the headers
+    (`content` None) only the declared length, then the body once it has arrived. `limit`:
+    the size above which the proxy streams a body (it must hold all of it to check it)."""
+    verdict = decision.request
+    if verdict is None or not verdict.body or decision.reason:
+        return decision
+    problem = body_problem(verdict.body, declared_length, content, limit)
+    if problem is None:
+        return decision
+    refused = replace(verdict, allowed=False, item="", problem=problem, body="")
+    return replace(_finish(spec, decision.host, REQUEST_NOT_ALLOWED, decision.entry), request=refused)
 
 
 def unnamed(reason: str = NOT_ALLOWLISTED) -> Decision:

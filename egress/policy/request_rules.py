@@ -24,6 +24,9 @@ be normalised without guessing how the upstream reads it:
 The request goes upstream as the client sent it: the rule is decided on the same
 path the upstream routes on, not rewritten.
 
+One item reads a body too: git-read's LFS batch must ask for `download` (`body_problem`),
+checked by the guard once the whole body is in and before any of it is sent upstream.
+
 Methods are tokens compared exactly (RFC 9110 §9.1: case-sensitive): `get` is not
 `GET`. Patterns: `*` is one non-empty segment, `**` any number of segments (none
 included); a literal segment is compared after the same normalisation.
@@ -31,6 +34,7 @@ included); a literal segment is compared after the same normalisation.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -230,6 +234,7 @@ class RequestItem:
     # the set: may also be absent).
     query: tuple[str, frozenset[str | None]] | None = None
     upgrades: bool = True  # may a protocol upgrade (WebSocket) pass under this item?
+    body: str = ""  # a check of the request body too (`BODY_CHECKS`), once it has arrived
 
     def matches(self, method: str, segments: list[str] | None, query: bytes, upgrade: bool) -> bool:
         """`segments`: of the normalised path, None for `*` (matched by no pattern)."""
@@ -276,6 +281,32 @@ def _preset_paths(*texts: str) -> tuple[PathPattern, ...]:
 
 
 _READ = frozenset({"GET", "HEAD"})
+LFS_DOWNLOAD = "lfs-download"
+_DECIMAL = re.compile(r"[0-9]{1,18}")  # ASCII digits only: `int()` also reads "１２" and rejects "²"
+# A body is checked only when the proxy holds all of it before anything is sent upstream:
+# a declared length up to mitmproxy's streaming threshold (`stream_large_bodies`, 64 KiB,
+# egress/mitm/master.py); a larger or undeclared body would already be on its way.
+MAX_CHECKED_BODY = 64 * 1024
+
+
+def body_problem(check: str, declared_length: str | None, content: bytes | None, limit: int = MAX_CHECKED_BODY) -> str | None:
+    """Why a body fails the item's check, or None. With `content` None only the declared
+    length is judged (at the request's headers); `limit` is the streaming threshold."""
+    digits = declared_length is not None and _DECIMAL.fullmatch(declared_length) is not None
+    length = int(declared_length) if digits and declared_length is not None else None
+    if length is None or length > min(limit, MAX_CHECKED_BODY):
+        return f"the body must have a Content-Length of at most {min(limit, MAX_CHECKED_BODY)} bytes to be checked"
+    if content is None:
+        return None
+    if check == LFS_DOWNLOAD:
+        try:
+            batch = json.loads(content)
+        except (ValueError, UnicodeDecodeError):
+            return "the LFS batch body is not JSON"
+        if not isinstance(batch, dict) or batch.get("operation") != "download":
+            return "the LFS batch does not ask for operation 'download'"
+        return None
+    return f"unknown body check {check!r}"  # fail closed
 PRESETS: dict[str, tuple[RequestItem, ...]] = {
     # Codex's "limited" mode: nothing that changes state (RFC 9110 §9.2.1 safe methods,
     # TRACE left out), and no protocol upgrade: a WebSocket carries data both ways.
@@ -289,9 +320,12 @@ PRESETS: dict[str, tuple[RequestItem, ...]] = {
             query=("service", frozenset({"git-upload-pack", None})), upgrades=False,
         ),
         RequestItem("git-read/upload-pack", frozenset({"POST"}), _preset_paths("/**/git-upload-pack"), upgrades=False),
-        # Git LFS download: the batch API (its body names the operation; see
-        # docs/request-rules.md) and the legacy per-object download.
-        RequestItem("git-read/lfs", frozenset({"POST"}), _preset_paths("/**/info/lfs/objects/batch"), upgrades=False),
+        # Git LFS download: the batch API, whose body must ask for `download` (an `upload`
+        # batch hands out upload URLs), and the legacy per-object download.
+        RequestItem(
+            "git-read/lfs", frozenset({"POST"}), _preset_paths("/**/info/lfs/objects/batch"), upgrades=False,
+            body=LFS_DOWNLOAD,
+        ),
         RequestItem("git-read/lfs", _READ, _preset_paths("/**/info/lfs/objects/*"), upgrades=False),
         # dumb HTTP: HEAD, the loose objects and packs, alternates
         RequestItem("git-read/dumb", _READ, _preset_paths("/**/HEAD", "/**/objects/**"), upgrades=False),
@@ -304,7 +338,8 @@ class Verdict:
     allowed: bool
     item: str  # the label of the item that let it pass ("" when none did)
     path: str  # what refusals and log lines show: the normalised path, else `shown_path`
-    problem: str = ""  # why the path could not be normalised
+    problem: str = ""  # why the path could not be normalised (or the body failed its check)
+    body: str = ""  # the matching item's body check, still to be done once the body is in
 
 
 @dataclass(frozen=True)
@@ -322,7 +357,7 @@ class RequestRules:
         segments = None if path == "*" else path[1:].split("/")
         for item in self.items:
             if item.matches(method_text, segments, query, upgrade):
-                return Verdict(True, item.label, path)
+                return Verdict(True, item.label, path, body=item.body)
         return Verdict(False, "", path[:_MAX_SHOWN])
 
 

@@ -222,6 +222,39 @@ def test_every_push_shaped_request_is_refused(lab, proxy, nginx, method, target)
     assert nginx.since(mark) == []
 
 
+def lfs_batch(lab, proxy, operation: str, framing: str = "length") -> bytes:
+    body = json.dumps({"operation": operation, "transfers": ["basic"], "objects": [{"oid": "0" * 64, "size": 1}]}).encode()
+    head = (f"POST /git/push.git/info/lfs/objects/batch HTTP/1.1\r\nHost: {GIT_HOST}:{HTTPS}\r\n"
+            "Content-Type: application/vnd.git-lfs+json\r\nConnection: close\r\n")  # fmt: skip
+    if framing == "length":
+        data = f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+    else:
+        data = f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    return tls_exchange(lab, proxy, GIT_HOST, data)
+
+
+@pytest.mark.parametrize("which", ["proxy", "credential_proxy"])
+def test_lfs_batch_download_passes_upload_never_reaches_the_server(lab, nginx, request, which):
+    proxy = request.getfixturevalue(which)
+    mark = nginx.mark()
+    assert status_and_reason(lfs_batch(lab, proxy, "download"))[1] == ""  # nginx's answer, whatever it is
+    seen = nginx.since(mark, expect=1)
+    assert [(r["method"], r["uri"]) for r in seen] == [("POST", "/git/push.git/info/lfs/objects/batch")]
+    mark = nginx.mark()
+    answer = lfs_batch(lab, proxy, "upload")
+    assert status_and_reason(answer) == (403, "request_not_allowed")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["detail"] == "the LFS batch does not ask for operation 'download'"
+    # Chunked: the proxy would stream it past 64 KiB before it could read it, so it is refused at once.
+    answer = lfs_batch(lab, proxy, "download", framing="chunked")
+    assert status_and_reason(answer) == (403, "request_not_allowed")
+    assert "Content-Length" in json.loads(answer.partition(b"\r\n\r\n")[2])["detail"]
+    time.sleep(0.3)
+    assert nginx.since(mark) == []
+    body_lines = [a for a in proxy.audit() if a["event"] == "request_body"]
+    assert (body_lines[-1]["decision"], body_lines[-1]["reason"], body_lines[-1]["request_rule"]) == (
+        "blocked", "request_not_allowed", "")
+
+
 # -- path tricks against the SPEC example ------------------------------------------------------
 
 # (method, path as sent, what nginx routes on if it passes, or None: refused by the proxy)

@@ -571,3 +571,60 @@ def test_check_command_reports_rule_problems_without_a_traceback(tmp_path):
         f"{spec}: network.allowlist[1].requests[0].methods[0]: 'post' is not a registered HTTP method (IANA); methods are case-sensitive: did you mean POST?",
         f"{spec}: network.allowlist[1].requests[0].paths[0]: 'repos/x' is not an absolute path (it must start with '/')",
     ]
+
+
+# -- git-read's LFS batch: the body must ask for a download ---------------------------------------
+
+BATCH = b"/x.git/info/lfs/objects/batch"
+
+
+def lfs_decision(spec, length: str | None, content: bytes | None, limit: int = 65536):
+    decision = decision_for(spec, b"POST", BATCH)
+    assert decision.request is not None and decision.request.body == rr.LFS_DOWNLOAD
+    return policy.check_request_body(spec, decision, length, content, limit)
+
+
+@pytest.mark.parametrize(
+    ("length", "content", "problem"),
+    [
+        ("40", b'{"operation": "download", "objects": []}', None),
+        ("40", None, None),  # at the headers: only the length
+        ("38", b'{"operation": "upload", "objects": []}', "does not ask for operation 'download'"),
+        ("2", b"[]", "does not ask for operation 'download'"),
+        ("5", b"nope!", "not JSON"),
+        ("2", b"\xff\xfe", "not JSON"),
+        ('{"operation": "Download"}', b'{"operation": "Download"}', "Content-Length"),
+        (None, None, "Content-Length of at most 65536 bytes"),  # chunked, or HTTP/2 without one: streamed past 64 KiB
+        ("65537", None, "Content-Length of at most 65536 bytes"),
+        ("-1", None, "Content-Length"),
+        ("0x10", None, "Content-Length"),
+        ("\u00b2", None, "Content-Length"),  # a digit to str.isdigit, not to int()
+        ("\uff11\uff12", None, "Content-Length"),
+    ],
+)
+def test_lfs_batch_body(length, content, problem):
+    decision = lfs_decision(spec_with("git-read"), length, content)
+    if problem is None:
+        assert decision.allowed and decision.request is not None and decision.request.item == "git-read/lfs"
+    else:
+        assert decision.reason == policy.REQUEST_NOT_ALLOWED and not decision.allowed
+        assert decision.request is not None and problem in decision.request.problem and decision.request.item == ""
+        assert decision.request.path == "/x.git/info/lfs/objects/batch"
+
+
+def test_lfs_batch_body_limit_follows_the_streaming_threshold():
+    spec = spec_with("git-read")
+    assert lfs_decision(spec, "100", None, limit=1024).allowed
+    assert not lfs_decision(spec, "2000", None, limit=1024).allowed  # it would be streamed: not checkable
+
+
+def test_lfs_batch_upload_is_reported_in_report_mode():
+    spec = parse_spec("network:\n  mode: report\n  allowlist:\n    - domain: api.example.test\n      requests: git-read\n")
+    decision = lfs_decision(spec, "38", b'{"operation": "upload", "objects": []}')
+    assert decision.allowed and decision.reported
+
+
+def test_items_without_a_body_check_are_not_asked():
+    spec = spec_with("read-only")
+    decision = decision_for(spec, b"GET", b"/x")
+    assert policy.check_request_body(spec, decision, None, None, 65536) is decision
