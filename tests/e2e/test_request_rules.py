@@ -255,6 +255,21 @@ def test_lfs_batch_download_passes_upload_never_reaches_the_server(lab, nginx, r
         "blocked", "request_not_allowed", "")
 
 
+def test_lfs_batch_over_http2(lab, proxy, nginx):
+    def batch(operation: str, length: bool) -> tuple[list[tuple[str, str]], bytes]:
+        body = json.dumps({"operation": operation, "objects": []}).encode()
+        headers = [(":method", "POST"), (":scheme", "https"), (":path", "/git/push.git/info/lfs/objects/batch"),
+                   (":authority", f"{GIT_HOST}:{HTTPS}"), ("content-type", "application/vnd.git-lfs+json")]  # fmt: skip
+        return ([*headers, ("content-length", str(len(body)))] if length else headers), body
+
+    cases = [batch("download", True), batch("upload", True), batch("download", False)]
+    mark = nginx.mark()
+    results = h2_exchange(lab, proxy, GIT_HOST, [h for h, _ in cases], [b for _, b in cases])
+    assert results[3] == results[5] == (403, "request_not_allowed")
+    assert results[1] != (403, "request_not_allowed") and isinstance(results[1], tuple)
+    assert [(r["method"], r["protocol"]) for r in nginx.since(mark, expect=1)] == [("POST", "HTTP/2.0")]
+
+
 # -- path tricks against the SPEC example ------------------------------------------------------
 
 # (method, path as sent, what nginx routes on if it passes, or None: refused by the proxy)
@@ -595,7 +610,9 @@ def status_and_reason(answer: bytes) -> tuple[int, str]:
     return status, reason
 
 
-def h2_exchange(lab: Lab, proxy, host: str, streams: list[list[tuple[str, str]]]) -> dict[int, object]:
+def h2_exchange(
+    lab: Lab, proxy, host: str, streams: list[list[tuple[str, str]]], bodies: list[bytes] | None = None
+) -> dict[int, object]:
     """Raw h2 (no client-side checks): per stream (status, X-Egress-Denied) or 'reset'."""
     tls = tls_tunnel(lab, proxy, host, alpn="h2")
     assert tls.selected_alpn_protocol() == "h2"
@@ -603,7 +620,10 @@ def h2_exchange(lab: Lab, proxy, host: str, streams: list[list[tuple[str, str]]]
     conn = h2.connection.H2Connection(config)
     conn.initiate_connection()
     for i, headers in enumerate(streams):
-        conn.send_headers(1 + 2 * i, headers, end_stream=True)
+        body = bodies[i] if bodies else b""
+        conn.send_headers(1 + 2 * i, headers, end_stream=not body)
+        if body:
+            conn.send_data(1 + 2 * i, body, end_stream=True)
     tls.sendall(conn.data_to_send())
     results: dict[int, object] = {}
     done: set[int] = set()
