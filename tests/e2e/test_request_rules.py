@@ -528,6 +528,35 @@ def test_report_mode_reports_and_lets_through(lab, nginx):
         report.stop()
 
 
+# -- one gateway, several environments (--spec-dir) ---------------------------------------------
+
+
+def test_each_environment_has_its_own_rules(lab, nginx):
+    """Two environments allow the same host, one `read-only`, one without rules."""
+    tokens = {"ro": "tok-ro-" + secrets.token_hex(6), "rw": "tok-rw-" + secrets.token_hex(6)}
+    directory = lab.dir / "rules-environments"
+    directory.mkdir()
+    for name, token in tokens.items():
+        rules = "\n      requests: read-only" if name == "ro" else ""
+        (directory / f"{name}.yaml").write_text(
+            f"network:\n  proxyToken: {token}\n  allowCidrs: [\"198.18.0.0/15\"]\n"
+            f"  allowlist:\n    - domain: {DOCS_HOST}{rules}\n"
+        )
+    gateway = lab.start_proxy(None, spec_dir=directory)
+    try:
+        url = f"https://{DOCS_HOST}:{HTTPS}/env"
+        answers = {}
+        for name, token in tokens.items():
+            status, headers, _ = curl(lab, gateway, url, "-X", "POST", "--proxy-user", f"{name}:{token}")
+            answers[name] = (status, headers.get("x-egress-denied"))
+        # `rw` has no rules: its tunnel to the host is passed through (the upstream's own TLS).
+        assert answers == {"ro": (403, "request_not_allowed"), "rw": (200, None)}
+        line = [a for a in gateway.audit() if a["reason"] == "request_not_allowed"][-1]
+        assert (line["environment"], line["method"], line["path"]) == ("ro", "POST", "/env")
+    finally:
+        gateway.stop()
+
+
 # -- transparent mode --------------------------------------------------------------------------
 
 
