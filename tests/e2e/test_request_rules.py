@@ -528,6 +528,27 @@ def test_report_mode_reports_and_lets_through(lab, nginx):
         report.stop()
 
 
+# -- reload ------------------------------------------------------------------------------------
+
+
+def test_rules_added_by_a_reload_apply_to_new_connections(lab, nginx):
+    """An entry that gains `requests` is intercepted and held to them from the next connection on."""
+    base = f'network:\n  allowCidrs: ["198.18.0.0/15"]\n  allowlist:\n    - domain: {DOCS_HOST}\n'
+    proxy = lab.start_proxy(base)
+    try:
+        url = f"https://{DOCS_HOST}:{HTTPS}/reload"
+        assert curl(lab, proxy, url, "-X", "POST")[0] == 200  # passed through, the upstream's own TLS
+        proxy.spec_path.write_text(base + "      requests: read-only\n")
+        deadline = time.monotonic() + 5
+        while curl(lab, proxy, url, "-X", "POST")[0] != 403 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        status, headers, _ = curl(lab, proxy, url, "-X", "POST")
+        assert (status, headers.get("x-egress-denied")) == (403, "request_not_allowed")
+        assert curl(lab, proxy, url)[0] == 200  # GET still passes, now intercepted
+    finally:
+        proxy.stop()
+
+
 # -- one gateway, several environments (--spec-dir) ---------------------------------------------
 
 
