@@ -193,9 +193,14 @@ def parse_path_pattern(text: Any) -> PathPattern:
         raise RuleError(f"must be a string, not {type(text).__name__}")
     if not text.startswith("/"):
         raise RuleError(f"{text!r} is not an absolute path (it must start with '/')")
-    for char, what in (("?", "a query ('?')"), ("#", "a fragment ('#')"), ("\\", "a backslash"), (";", "a ';' parameter")):
+    for char, why in (
+        ("?", "a query ('?') is not supported (the query is not part of the match)"),
+        ("#", "a fragment ('#') is not supported (requests with one are refused)"),
+        ("\\", "a backslash is not supported (requests with one are refused)"),
+        (";", "a ';' parameter is not supported (requests with one are refused)"),
+    ):
         if char in text:
-            raise RuleError(f"{text!r}: {what} is not supported (the query is not part of the match)")
+            raise RuleError(f"{text!r}: {why}")
     parts: list[str] = []
     segments = text[1:].split("/")
     for index, segment in enumerate(segments):
@@ -234,7 +239,7 @@ class RequestItem:
     # the set: may also be absent).
     query: tuple[str, frozenset[str | None]] | None = None
     upgrades: bool = True  # may a protocol upgrade (WebSocket) pass under this item?
-    body: str = ""  # a check of the request body too (`BODY_CHECKS`), once it has arrived
+    body: str = ""  # a check of the request body too (`body_problem`), once it has arrived
 
     def matches(self, method: str, segments: list[str] | None, query: bytes, upgrade: bool) -> bool:
         """`segments`: of the normalised path, None for `*` (matched by no pattern)."""
