@@ -35,6 +35,7 @@ from mitmproxy.net.http import url
 from mitmproxy.proxy import layer, layers, mode_specs, server_hooks
 from mitmproxy.proxy.layers.http import HTTPMode
 from mitmproxy.proxy.layers.tls import HTTP_ALPNS
+from mitmproxy.utils import human
 
 from egress.addons.refuse import refuse
 from egress.addons.tunnel import RefuseLayer, RelayLayer, can_take_over
@@ -51,7 +52,7 @@ from egress.ops.audit import DecisionLog, client_label
 from egress.policy import decisions as policy
 from egress.policy.addresses import IPAddress
 from egress.policy.domains import HostError, normalize_host
-from egress.wire import clienthello, tunnel_start
+from egress.wire import clienthello, protocol_switch, tunnel_start
 from egress.wire.fields import connect_target_problem, declared_length_problem, field_value_problem, host_field_problem
 from egress.wire.request_target import request_target_problem
 
@@ -118,6 +119,23 @@ def log_dial_failure(failure: upstream.DialFailed, port: int, parent: ParentProx
 
 def _transparent(client: connection.Client) -> bool:
     return isinstance(client.proxy_mode, mode_specs.TransparentMode)
+
+
+def _refusal(decision: policy.Decision, method: str) -> http.Response:
+    if decision.reason == policy.REQUEST_NOT_ALLOWED and decision.request is not None:
+        return refusals.request_not_allowed(decision.host, method, decision.request.path, decision.request.problem)
+    return refusals.denied(decision.reason, decision.host)
+
+
+def _stream_threshold() -> int:
+    """mitmproxy's `stream_large_bodies` in bytes: a body above it is sent on as it arrives."""
+    size = human.parse_size(ctx.options.stream_large_bodies)
+    return size if size is not None else 1 << 62
+
+
+def _has_rules(decision: policy.Decision) -> bool:
+    """Only HTTP can be held to the entry's request rules: anything else in its tunnel is refused."""
+    return decision.entry is not None and decision.entry.requests is not None
 
 
 def _normalized(host: str) -> str | None:
@@ -228,7 +246,7 @@ class DestinationGuard:
         decision = await self._check_request(flow)
         flow.metadata[DECISION_KEY] = decision
         if not decision.allowed:
-            flow.response = refusals.denied(decision.reason, decision.host)
+            flow.response = _refusal(decision, flow.request.method)
             self.log.record(
                 decision, client=client_label(flow.client_conn.peername), port=flow.request.port, method=flow.request.method
             )
@@ -238,10 +256,28 @@ class DestinationGuard:
         request = flow.request
         # HTTP/1 frames a body by its content-length; HTTP/2 and /3 carry it beside the
         # frames, and the upstream (HTTP/1 or 2) would frame by the header (egress.wire.fields).
-        if flow.response is not None or not (request.is_http2 or request.is_http3) or request.raw_content is None:
+        if flow.response is not None:
             return
-        if (problem := declared_length_problem(request.headers.get("content-length"), len(request.raw_content))) is not None:
+        if (request.is_http2 or request.is_http3) and request.raw_content is not None and (
+            problem := declared_length_problem(request.headers.get("content-length"), len(request.raw_content))
+        ) is not None:
             flow.response = refusals.bad_request(problem)
+            return
+        decision: policy.Decision | None = flow.metadata.get(DECISION_KEY)
+        if decision is not None and decision.request is not None and decision.request.body:
+            # An item that checks the body too (git-read's LFS batch): the whole body is here
+            # and nothing has been sent upstream (its declared length was checked at the headers).
+            spec = self.checker.spec_for(flow.client_conn.id)
+            checked = policy.check_request_body(
+                spec, decision, request.headers.get("content-length"), request.raw_content, _stream_threshold()
+            )
+            if checked is not decision:
+                flow.metadata[DECISION_KEY] = checked
+                if not checked.allowed:
+                    flow.response = _refusal(checked, request.method)
+                # A second line for this request: the one at its headers said what they allowed.
+                self.log.record(checked, client=_client_label(flow.client_conn), port=request.port,
+                                method=request.method, kind="request_body")  # fmt: skip
 
     async def _check_request(self, flow: http.HTTPFlow) -> policy.Decision:
         request = flow.request
@@ -286,6 +322,12 @@ class DestinationGuard:
             # The server's answer to TRACE is the request as it arrived, injected header
             # and all: the sandbox would read the secret.
             return policy.with_reason(spec, decision, policy.TRACE_CREDENTIALS)
+        # The entry's request rules, on the method and target as they arrived (HTTP/1 request
+        # line, HTTP/2 `:method`/`:path`); a WebSocket handshake is asked as one.
+        upgrade = bool(request.headers.get_all("Upgrade")) and protocol_switch.followable_request(request.headers)
+        decision = policy.check_request(spec, decision, request.data.method, request.data.path, upgrade)
+        if decision.request is not None and decision.request.body:  # its body is checked in `request`, if it can be
+            decision = policy.check_request_body(spec, decision, request.headers.get("content-length"), None, _stream_threshold())
         return decision
 
     @staticmethod
@@ -335,6 +377,9 @@ class DestinationGuard:
             # way mitmproxy's connect takes the connection dialled at CONNECT.
             if tunnel is not None:
                 tunnel.decided = tunnel.inner_decided = True
+                if start is tunnel_start.Start.OTHER and _has_rules(tunnel.decision):
+                    self._refuse_unruled_stream(nextlayer, tunnel)
+                    return
             if start is tunnel_start.Start.HTTP:
                 nextlayer.layer = layers.HttpLayer(context, HTTPMode.transparent)
             return
@@ -355,8 +400,18 @@ class DestinationGuard:
         else:
             self._decide_connect_tls(nextlayer, tunnel, hello.server_name)
 
-    @staticmethod
-    def _decide_intercepted_stream(nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
+    def _refuse_unruled_stream(self, nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
+        """Bytes that are not HTTP in a tunnel to an entry with request rules: no method or
+        path to hold to them, so closed (nothing sent upstream) and logged."""
+        context = nextlayer.context
+        decision = policy.with_reason(self.checker.spec_for(context.client.id), tunnel.decision, policy.REQUEST_NOT_ALLOWED)
+        if not decision.allowed:  # report mode lets it pass, as it lets every request pass
+            tunnel.blocked = policy.REQUEST_NOT_ALLOWED
+            tunnel.release()
+            nextlayer.layer = RefuseLayer(context)
+        self.log.record(decision, client=_client_label(context.client), port=tunnel.port, method="TCP", kind="tunnel")
+
+    def _decide_intercepted_stream(self, nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
         """The first bytes inside TLS the proxy terminated: HTTP goes to the HTTP layer, however
         short its first write. mitmproxy's guess took `G` (then `ET / ... Host: other.test`)
         for raw TCP unless the client had negotiated an HTTP ALPN."""
@@ -370,6 +425,8 @@ class DestinationGuard:
         tunnel.inner_decided = True
         if start is tunnel_start.Start.HTTP:
             nextlayer.layer = layers.HttpLayer(context, HTTPMode.transparent)
+        elif _has_rules(tunnel.decision):
+            self._refuse_unruled_stream(nextlayer, tunnel)
         # Anything else is mitmproxy's: raw TCP over TLS to the checked destination (no
         # credential is added to it), or TLS inside TLS, checked again in tls_clienthello.
 

@@ -6,6 +6,7 @@ is written once and reviewed once:
 | function              | status  | headers                                       | body `error`      |
 |-----------------------|---------|-----------------------------------------------|-------------------|
 | `denied`              | 403     | `X-Egress-Denied: <reason>`                   | `egress_denied`   |
+| `request_not_allowed`| 403     | `X-Egress-Denied: request_not_allowed`        | `egress_denied`   |
 | `internal_error`      | 403/502 | `X-Egress-Denied: internal_error`, close      | `egress_denied`   |
 | `proxy_auth_required` | 407     | `X-Egress-Denied`, `Proxy-Authenticate`       | `egress_denied`   |
 | `connection_limit`    | 429     | `X-Egress-Denied: connection_limit`, close    | `egress_denied`   |
@@ -35,7 +36,7 @@ from mitmproxy.net.http import http1
 
 from egress.net import upstream
 from egress.policy import decisions as policy
-from egress.policy.reasons import CONNECTION_LIMIT, READ_TIMEOUT
+from egress.policy.reasons import CONNECTION_LIMIT, READ_TIMEOUT, REQUEST_NOT_ALLOWED
 from egress.wire import proxy_auth
 
 MAX_HOST = 255
@@ -57,6 +58,23 @@ def _deny(status: int, reason: str, host: str, extra: dict[str, str] | None = No
 def denied(reason: str, host: str) -> http.Response:
     """A destination decision refused (SPEC §3 reason codes)."""
     return _deny(403, reason, host)
+
+
+MAX_METHOD = 64
+
+
+def request_not_allowed(host: str, method: str, path: str, problem: str) -> http.Response:
+    """The entry's request rules (SPEC §8) refused this method and path. The body names
+    them as the proxy read them: the method (a token, checked before), the normalised path
+    (or, when it could not be normalised, the path with every byte outside visible ASCII
+    percent-encoded and why); never the query."""
+    body: dict[str, str] = {
+        "error": "egress_denied", "reason": REQUEST_NOT_ALLOWED, "host": host[:MAX_HOST],
+        "method": method[:MAX_METHOD], "path": path[:MAX_HOST],
+    }  # fmt: skip
+    if problem:
+        body["detail"] = problem
+    return _json(403, json.dumps(body).encode(), {"X-Egress-Denied": REQUEST_NOT_ALLOWED})
 
 
 def internal_error(status: int, host: str) -> http.Response:

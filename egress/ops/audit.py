@@ -41,9 +41,20 @@ class DecisionLog:
         if injected:
             metrics.CREDENTIAL_INJECTIONS.labels(decision.rule, decision.environment).inc()
         line = self._line(decision, kind, client, port, method, injected)
+        if decision.request is not None:
+            # The entry has request rules: which item let it pass, or what was refused.
+            line["request_rule"] = decision.request.item
+            if not decision.request.item:
+                line["path"] = decision.request.path
+                if decision.request.problem:
+                    line["detail"] = decision.request.problem
         if error:  # the destination was allowed but could not be reached (upstream_*)
             line["error"] = error
         text = self._format(line)
+        if decision.request is not None and self.fmt == "text":
+            text += f" request_rule={decision.request.item or '-'}"
+            if not decision.request.item:
+                text += f" path={_shown(decision.request.path)}"
         if error and self.fmt == "text":
             text += f" error={error}"
         self._write(text)

@@ -9,7 +9,7 @@ Neither does I/O; resolution and local-address discovery are passed in.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from egress.policy.addresses import IPAddress, embedded_ipv4, forbidden_reason
 from egress.policy.domains import HostError, is_loopback_name, normalize_host, parse_ip_literal
@@ -25,9 +25,11 @@ from egress.policy.reasons import (  # noqa: F401  (callers read them from here 
     PROXY_AUTH_REQUIRED,
     PROXY_SELF,
     REASONS,
+    REQUEST_NOT_ALLOWED,
     RESOLVE_FAILED,
     TRACE_CREDENTIALS,
 )
+from egress.policy.request_rules import Verdict, body_problem
 from egress.policy.spec import AllowlistEntry, Spec
 
 
@@ -40,6 +42,7 @@ class Decision:
     entry: AllowlistEntry | None = None
     reported: bool = False  # report mode: would have been blocked, let through
     environment: str = ""  # the spec's environment ("" with --spec): audit field and metric label
+    request: Verdict | None = None  # the entry's request rules on this request (None: it has none)
 
     @property
     def allowed(self) -> bool:
@@ -138,6 +141,35 @@ def address_reason(spec: Spec, ip: IPAddress, is_self: Callable[[IPAddress], boo
 def with_reason(spec: Spec, decision: Decision, reason: str) -> Decision:
     """A later check (host mismatch, plaintext credentials) blocks an allowed decision."""
     return _finish(spec, decision.host, reason, decision.entry)
+
+
+def check_request(spec: Spec, decision: Decision, method: bytes, target: bytes, upgrade: bool) -> Decision:
+    """An allowed decision held to its entry's `requests` (SPEC §8): the method and target
+    as received; `upgrade` for a WebSocket handshake. A decision already refused (or
+    reported) for its destination keeps that reason."""
+    rules = decision.entry.requests if decision.entry is not None and not decision.reason else None
+    if rules is None:
+        return decision
+    verdict = rules.check(method, target, upgrade)
+    if verdict.allowed:
+        return replace(decision, request=verdict)
+    return replace(_finish(spec, decision.host, REQUEST_NOT_ALLOWED, decision.entry), request=verdict)
+
+
+def check_request_body(
+    spec: Spec, decision: Decision, declared_length: str | None, content: bytes | None, limit: int
+) -> Decision:
+    """A decision whose item also checks the body (`git-read`'s LFS batch): at the headers
+    (`content` None) only the declared length, then the body once it has arrived. `limit`:
+    the size above which the proxy streams a body (it must hold all of it to check it)."""
+    verdict = decision.request
+    if verdict is None or not verdict.body or decision.reason:
+        return decision
+    problem = body_problem(verdict.body, declared_length, content, limit)
+    if problem is None:
+        return decision
+    refused = replace(verdict, allowed=False, item="", problem=problem, body="")
+    return replace(_finish(spec, decision.host, REQUEST_NOT_ALLOWED, decision.entry), request=refused)
 
 
 def unnamed(reason: str = NOT_ALLOWLISTED) -> Decision:

@@ -18,6 +18,9 @@ NO_SNI = "no_sni"
 INTERNAL_ERROR = "internal_error"
 # `--spec-dir`: the client did not prove an environment (no, wrong or unknown credentials).
 PROXY_AUTH_REQUIRED = "proxy_auth_required"
+# The entry's `requests` (SPEC §8) let no request with this method and path pass, or the
+# path could not be normalised (egress/policy/request_rules.py).
+REQUEST_NOT_ALLOWED = "request_not_allowed"
 REASONS = (
     NOT_ALLOWLISTED,
     LOOPBACK,
@@ -30,6 +33,7 @@ REASONS = (
     NO_SNI,
     INTERNAL_ERROR,
     PROXY_AUTH_REQUIRED,
+    REQUEST_NOT_ALLOWED,
 )
 # Report mode lets would-be blocks pass, except these: the sandbox must never reach
 # the machine it runs on or the proxy itself, not even while a policy is being trialled,

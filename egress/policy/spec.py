@@ -20,6 +20,7 @@ import yaml
 from egress.policy import secrets, yaml_events
 from egress.policy.addresses import IPNetwork, cidr_problem
 from egress.policy.domains import Allowlist, DomainPattern, HostError, parse_pattern
+from egress.policy.request_rules import RequestRules, parse_requests
 
 # libyaml's parser when PyYAML has it (the wheels do): a 100,000-entry spec parses
 # about three times faster than with the pure-Python one. Same safe constructors.
@@ -42,7 +43,7 @@ _RESERVED_HEADERS = frozenset(
     }
 )
 _NETWORK_FIELDS = {"allowlist", "mode", "allowCidrs", "proxyToken"}
-_ENTRY_FIELDS = {"domain", "transform"}
+_ENTRY_FIELDS = {"domain", "transform", "requests"}
 
 
 class SpecError(Exception):
@@ -57,6 +58,8 @@ class SpecError(Exception):
 class AllowlistEntry:
     pattern: DomainPattern
     transform: dict[str, secrets.Secret] = field(default_factory=dict)
+    # `requests` (SPEC §8): which methods and paths pass; None lets every request pass.
+    requests: RequestRules | None = None
 
     @property
     def rule(self) -> str:
@@ -69,8 +72,9 @@ class AllowlistEntry:
 
     @property
     def intercepted(self) -> bool:
-        """The proxy terminates the client's TLS for this entry (the client trusts the CA)."""
-        return self.injects
+        """The proxy terminates the client's TLS for this entry (the client trusts the CA):
+        to add a credential, or to see each request's method and path."""
+        return self.injects or self.requests is not None
 
 
 @dataclass(frozen=True)
@@ -343,7 +347,7 @@ def _parse_entry(raw: Any, where: str, problems: list[str], environ: dict[str, s
         return None
     start = len(problems)
     for key in sorted(set(raw) - _ENTRY_FIELDS, key=str):
-        problems.append(f"{where}.{key}: unknown field (expected domain, transform)")
+        problems.append(f"{where}.{key}: unknown field (expected {', '.join(sorted(_ENTRY_FIELDS))})")
     if "domain" not in raw:
         problems.append(f"{where}.domain: missing")
         return None
@@ -353,9 +357,11 @@ def _parse_entry(raw: Any, where: str, problems: list[str], environ: dict[str, s
         problems.append(f"{where}.domain: {exc}")
         return None
     transform = _parse_transform(raw.get("transform"), pattern, f"{where}.transform", problems, environ)
+    requests, request_problems = parse_requests(raw["requests"]) if "requests" in raw else (None, [])
+    problems.extend(f"{where}.requests{suffix}: {why}" for suffix, why in request_problems)
     if len(problems) > start:
         return None
-    return AllowlistEntry(pattern=pattern, transform=transform)
+    return AllowlistEntry(pattern=pattern, transform=transform, requests=requests)
 
 
 def _parse_transform(

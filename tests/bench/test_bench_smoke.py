@@ -56,3 +56,20 @@ def test_gateway_bench_smoke(tmp_path):
     text = out.read_text()
     for row in ("| RSS 50 / one |", "| throughput plain HTTP (wrk)", "| reload one file of 50 ", "errors 0/0"):
         assert row in text, (row, text)
+
+
+def test_request_rules_bench_smoke(tmp_path):
+    """The request-rules benchmark runs end to end (one 1-second round per proxy; figures not checked)."""
+    if os.geteuid() != 0:
+        pytest.fail("the benchmark harness needs root (network namespaces)")
+    out = tmp_path / "rules.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "request_rules_bench.py"), "--smoke", "--output", str(out)],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = out.read_text()
+    assert "Sanity: a `POST` through the ruled proxy answered `403 request_not_allowed`." in text
+    assert "| 1 |" in text and "## One `RequestRules.check`" in text
+    runs = json.loads(out.with_suffix(".json").read_text())
+    assert all(r["requests"] > 0 and r["errors"] == 0 for v in runs.values() for r in v), runs
