@@ -276,7 +276,7 @@ class DestinationGuard:
                 if not checked.allowed:
                     flow.response = _refusal(checked, request.method)
                 # A second line for this request: the one at its headers said what they allowed.
-                self.log.record(checked, client=_client_label(flow.client_conn), port=request.port,
+                self.log.record(checked, client=client_label(flow.client_conn.peername), port=request.port,
                                 method=request.method, kind="request_body")  # fmt: skip
 
     async def _check_request(self, flow: http.HTTPFlow) -> policy.Decision:
@@ -409,7 +409,7 @@ class DestinationGuard:
             tunnel.blocked = policy.REQUEST_NOT_ALLOWED
             tunnel.release()
             nextlayer.layer = RefuseLayer(context)
-        self.log.record(decision, client=_client_label(context.client), port=tunnel.port, method="TCP", kind="tunnel")
+        self.log.record(decision, client=client_label(context.client.peername), port=tunnel.port, method="TCP", kind="tunnel")
 
     def _decide_intercepted_stream(self, nextlayer: layer.NextLayer, tunnel: Tunnel) -> None:
         """The first bytes inside TLS the proxy terminated: HTTP goes to the HTTP layer, however
