@@ -1,0 +1,88 @@
+"""Echo scrubbing: secrets the proxy injected, found in what comes back, replaced.
+
+An echo endpoint, an error page quoting the Authorization header, a debug
+response: whatever carries an injected secret back to the sandbox reaches it with
+each occurrence masked. The mask has the secret's length (`*` repeated), so a
+streamed body keeps its declared Content-Length. Streamed bodies are scanned
+across chunk boundaries: the last `longest - 1` bytes of each chunk are held back
+until the next one (or the end) shows whether they start a secret.
+Secrets shorter than MIN_SECRET are not scanned for: so short a string would
+match ordinary text (and is no credential anyone issues).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable
+from urllib.parse import quote
+
+MIN_SECRET = 8
+
+
+class Scrubber:
+    def __init__(self, secrets: Iterable[str]):
+        forms: set[bytes] = set()
+        for secret in secrets:
+            if len(secret) < MIN_SECRET:
+                continue
+            for form in (secret, quote(secret, safe=""), base64.b64encode(secret.encode()).decode()):
+                forms.add(form.encode())
+        # Longest first: a secret that contains another is masked whole.
+        self._forms = sorted(forms, key=len, reverse=True)
+        self._pattern = re.compile(b"|".join(re.escape(f) for f in self._forms)) if self._forms else None
+        self.longest = max((len(f) for f in self._forms), default=0)
+
+    def __bool__(self) -> bool:
+        return self._pattern is not None
+
+    def scrub(self, data: bytes) -> tuple[bytes, int]:
+        if self._pattern is None:
+            return data, 0
+        count = 0
+
+        def mask(m: re.Match[bytes]) -> bytes:
+            nonlocal count
+            count += 1
+            return b"*" * len(m.group(0))
+
+        return self._pattern.sub(mask, data), count
+
+    def scrub_text(self, text: str) -> tuple[str, int]:
+        data, count = self.scrub(text.encode("utf-8", "surrogateescape"))
+        return (data.decode("utf-8", "surrogateescape") if count else text), count
+
+    def stream(self, counted) -> StreamScrub:
+        return StreamScrub(self, counted)
+
+
+class StreamScrub:
+    """mitmproxy's `response.stream` callable: chunks in, scrubbed chunks out; b"" ends."""
+
+    def __init__(self, scrubber: Scrubber, counted):
+        self._scrubber = scrubber
+        self._held = b""
+        self._counted = counted  # called with the occurrences found in each piece
+
+    def __call__(self, chunk: bytes) -> bytes:
+        data = self._held + chunk
+        if not chunk:  # end of the body
+            self._held = b""
+            return self._emit(data)
+        keep = self._scrubber.longest - 1
+        data, count = self._scrubber.scrub(data)
+        if count:
+            self._counted(count)
+        # A secret that starts in the last `keep` bytes may end in the next chunk. A mask
+        # there cannot match again (no secret is all `*`), so re-scanning it is harmless.
+        if keep <= 0 or len(data) <= keep:
+            self._held = data
+            return b""
+        self._held = data[-keep:]
+        return data[:-keep]
+
+    def _emit(self, data: bytes) -> bytes:
+        data, count = self._scrubber.scrub(data)
+        if count:
+            self._counted(count)
+        return data
