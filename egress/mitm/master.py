@@ -13,6 +13,7 @@ from mitmproxy import master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
 from egress.addons import dns_layer
+from egress.addons.credentials import CredentialPlacement, EchoScrubbing
 from egress.addons.dns_filter import DnsFilter
 from egress.addons.environment_gate import ALLOWS_NOTHING, EnvironmentGate
 from egress.addons.failsafe import fail_closed, fail_closed_call, fault_injected
@@ -30,6 +31,7 @@ from egress.environments.registry import EnvironmentRegistry
 from egress.environments.single import SpecHolder
 from egress.mitm.event_cache import HookDispatcher
 from egress.mitm.patches.debug_checks import skip_message_type_checks
+from egress.mitm.patches.buffered_requests import install_buffered_requests
 from egress.mitm.patches.early_answers import NoContinueForRefusals, install_early_answers
 from egress.mitm.patches.error_pages import install_error_pages
 from egress.mitm.patches.h1_trailers import install_trailer_refusal
@@ -59,6 +61,7 @@ def build_master(
     install_trailer_refusal()  # HTTP/1 trailers: closed, not a crash and a hang (egress.mitm.patches.h1_trailers)
     install_error_pages()  # mitmproxy's own 4xx/5xx: JSON, no version banner (egress.mitm.patches.error_pages)
     install_early_answers()  # a refusal at the head of a large upload is answered (egress.mitm.patches.early_answers)
+    install_buffered_requests()  # a body SigV4 must hash is read first (egress.mitm.patches.buffered_requests)
     skip_message_type_checks()  # mitmproxy's debug-only checks, 5.8 % of the busy path (egress.mitm.patches.debug_checks)
     # Which spec a client connection is held to: the one spec (--spec), or its environment's (--spec-dir).
     if isinstance(holder, EnvironmentRegistry):
@@ -80,9 +83,13 @@ def build_master(
         next_layer.NextLayer(),
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),
+        # Token sources, query/replace/sign, then the static transform headers (and the audit line).
+        fail_closed(CredentialPlacement(gate.spec_for, log, parent)),
         fail_closed(CredentialInjector(log)),
         # Server-sent events and other responses of unknown length reach the client as they come.
         fail_closed(StreamUnsizedResponses()),
+        # Injected secrets that come back in a response are masked (after streaming is decided).
+        fail_closed(EchoScrubbing()),
         # No 101 the proxy could not follow: the connection would turn into unchecked raw TCP.
         fail_closed(ProtocolSwitches()),
         fail_closed(ConnectionLimits()),
