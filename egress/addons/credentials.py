@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from mitmproxy import ctx, http
 
@@ -219,7 +219,7 @@ class EchoScrubbing:
             counter = metrics.SECRET_ECHOES.labels(rule)
             inner = response.stream if callable(response.stream) else None
             stream = scrubber.stream(counter.inc)
-            response.stream = (lambda chunk: stream(inner(chunk))) if inner else stream
+            response.stream = (lambda chunk: stream(_joined(inner(chunk)))) if inner else stream
 
     def response(self, flow: http.HTTPFlow) -> None:
         scrubber: Scrubber | None = flow.metadata.pop(_ECHO_STATE, None)
@@ -236,6 +236,10 @@ class EchoScrubbing:
         if count:
             response.set_content(scrubbed)
             metrics.SECRET_ECHOES.labels(_rule(flow)).inc(count)
+
+
+def _joined(chunks: bytes | Iterable[bytes]) -> bytes:
+    return chunks if isinstance(chunks, bytes) else b"".join(chunks)
 
 
 def _rule(flow: http.HTTPFlow) -> str:

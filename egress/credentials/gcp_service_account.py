@@ -114,5 +114,5 @@ def _read_key(path: str, f: Fields) -> tuple[str, Secret, str, str] | None:
     if not isinstance(key, rsa.RSAPrivateKey):
         f.problem("keyFile", f"{path}: private_key is not an RSA key")
         return None
-    key_id = info.get("private_key_id") if isinstance(info.get("private_key_id"), str) else ""
-    return info["client_email"], Secret(info["private_key"]), key_id, token_uri
+    key_id = info.get("private_key_id")
+    return str(info["client_email"]), Secret(info["private_key"]), key_id if isinstance(key_id, str) else "", str(token_uri)

@@ -43,7 +43,8 @@ class Token:
 
 
 class Source(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     async def fetch(self, client: TokenClient, allow_cidrs: tuple[IPNetwork, ...]) -> Token: ...
 

@@ -30,8 +30,8 @@ from egress.addons.upgrades import ProtocolSwitches
 from egress.environments.registry import EnvironmentRegistry
 from egress.environments.single import SpecHolder
 from egress.mitm.event_cache import HookDispatcher
-from egress.mitm.patches.debug_checks import skip_message_type_checks
 from egress.mitm.patches.buffered_requests import install_buffered_requests
+from egress.mitm.patches.debug_checks import skip_message_type_checks
 from egress.mitm.patches.early_answers import NoContinueForRefusals, install_early_answers
 from egress.mitm.patches.error_pages import install_error_pages
 from egress.mitm.patches.h1_trailers import install_trailer_refusal

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from e2e.clients import client_ca_bundle
-from e2e.credentials_lab import add_host, start_in_upstream
+from e2e.credentials_lab import add_host
 from e2e.lab import HERE, VENV_BIN, Lab, _terminate
 
 ADDRESS, PORT = "198.18.0.32", 9444
