@@ -54,7 +54,8 @@ UNSIGNABLE = "unsignable_request"
 
 def is_presigned(query: str) -> bool:
     names = {unquote_plus(item.partition("=")[0]).lower() for item in query.split("&") if item}
-    return bool(names & {"x-amz-signature", "x-amz-credential"})
+    # SigV4 query auth, and S3's older SigV2 form (`AWSAccessKeyId`, `Signature`, `Expires`).
+    return bool(names & {"x-amz-signature", "x-amz-credential"}) or {"awsaccesskeyid", "signature"} <= names
 
 
 def scope(authorization: str | None, host: str) -> tuple[str, str]:

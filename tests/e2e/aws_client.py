@@ -1,7 +1,7 @@
 """A sandbox's AWS client for the SigV4 tests: boto3 as an agent would use it, with
 whatever keys the environment gives it (placeholders). Prints one JSON object of results.
 
-Usage: aws_client.py ENDPOINT_S3 ENDPOINT_STS BUCKET   (HTTPS_PROXY / AWS_CA_BUNDLE from the environment)
+Usage: aws_client.py ENDPOINT_S3 ENDPOINT_STS BUCKET ENDPOINT_SQS   (HTTPS_PROXY / AWS_CA_BUNDLE from the environment)
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ def main() -> None:
         out["small"] = s3.get_object(Bucket=bucket, Key="small.txt")["Body"].read() == small
         out["big"] = s3.get_object(Bucket=bucket, Key="dir/big name.bin")["Body"].read() == big
         out["multipart"] = s3.get_object(Bucket=bucket, Key="multipart.bin")["Body"].read() == big * 2
+        # A non-S3 service signs a hash of its body (no x-amz-content-sha256): 200 KB of it.
+        sqs = boto3.client("sqs", endpoint_url=sys.argv[4], region_name="us-east-1", config=config)
+        queue = sqs.create_queue(QueueName=bucket)["QueueUrl"]
+        message = "m" * 200_000
+        sqs.send_message(QueueUrl=queue, MessageBody=message)
+        got = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=1)["Messages"][0]["Body"]
+        out["sqs"] = got == message
+        out["presigned"] = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "small.txt"})
     except ClientError as exc:
         out["error"] = exc.response.get("Error", {}).get("Code", "?")
     print(json.dumps(out))

@@ -11,12 +11,13 @@ import sys
 
 import pytest
 
-from e2e.clients import client_ca_bundle
+from e2e.clients import client_ca_bundle, curl
 from e2e.credentials_lab import add_host
 from e2e.lab import HERE, VENV_BIN, Lab, _terminate
 
 ADDRESS, PORT = "198.18.0.32", 9444
 S3, STS = f"https://s3.example.test:{PORT}", f"https://sts.example.test:{PORT}"
+SQS = f"https://sqs.example.test:{PORT}"
 SETUP = """
 import boto3, json
 iam = boto3.client("iam", endpoint_url="https://iam.example.test:%d", region_name="us-east-1",
@@ -31,7 +32,7 @@ print(json.dumps({"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}))
 
 @pytest.fixture(scope="module")
 def real_keys(lab: Lab):
-    for name in ("s3.example.test", "sts.example.test", "iam.example.test"):
+    for name in ("s3.example.test", "sts.example.test", "iam.example.test", "sqs.example.test"):
         add_host(lab, name, ADDRESS)
     # The bucket is in the path (path-style): moto must not read `s3` from the host as one.
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3", "MOTO_S3_CUSTOM_ENDPOINTS": S3}
@@ -78,6 +79,7 @@ network:
   allowlist:
     - {domain: s3.example.test, sign: aws}
     - {domain: sts.example.test, sign: aws}
+    - {domain: sqs.example.test, sign: aws}
 """
     proxy = lab.start_proxy(spec, env={"REAL_AK": real_keys["id"], "REAL_SK": real_keys["secret"]})
     yield proxy
@@ -91,18 +93,22 @@ def sandbox(lab: Lab, bucket: str, proxy=None, ca: str | None = None) -> tuple[d
            "AWS_SECRET_ACCESS_KEY": "placeholder", "AWS_CA_BUNDLE": ca or str(lab.upstream_ca)}  # fmt: skip
     if proxy is not None:
         env["HTTPS_PROXY"] = proxy.url
-    out = lab.exec(sys.executable, str(HERE / "aws_client.py"), S3, STS, bucket, env=env, timeout=120)
+    out = lab.exec(sys.executable, str(HERE / "aws_client.py"), S3, STS, bucket, SQS, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout), out.stdout + out.stderr
 
 
 def test_boto3_with_placeholder_keys_through_the_proxy(lab, proxy, real_keys):
     result, output = sandbox(lab, "through-proxy", proxy, client_ca_bundle(lab, proxy))
+    presigned = result.pop("presigned")
     assert result == {
         "identity": "arn:aws:iam::123456789012:user/egress",
         "keys": ["dir/big name.bin", "multipart.bin", "small.txt"],
-        "small": True, "big": True, "multipart": True,
+        "small": True, "big": True, "multipart": True, "sqs": True,
     }, result  # fmt: skip
+    # A presigned URL (signed with the placeholder) is refused, not forwarded half-signed.
+    status, headers, body = curl(lab, proxy, presigned)
+    assert status == 403 and headers["x-egress-denied"] == "presigned_url", body
     assert real_keys["secret"] not in output
     audit = [line for line in proxy.audit() if line.get("host") == "s3.example.test" and line["method"] == "PUT"]
     assert audit and all("sign" in line["injected"] for line in audit)

@@ -32,6 +32,7 @@ def test_scope_from_client_or_host():
 
 def test_presigned_detected():
     assert sigv4.is_presigned("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=a%2Fb&X-Amz-Signature=00")
+    assert sigv4.is_presigned("AWSAccessKeyId=placeholder&Signature=abc%3D&Expires=1")  # S3's SigV2 form
     assert not sigv4.is_presigned("list-type=2&prefix=a")
 
 
