@@ -41,6 +41,8 @@ INJECTED_KEY = "egress.injected"  # what CredentialPlacement put on the request,
 SECRETS_KEY = "egress.injected_secrets"  # every secret value put on the request, for EchoScrubbing
 _SIGN_KEY = "egress.sign_pending"
 _ECHO_STATE = "egress.echo_scrubber"
+# Methods whose requests carry no body when they announce none (HTTP/2 announces nothing).
+_BODYLESS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 
 
 class CredentialPlacement:
@@ -146,6 +148,9 @@ class CredentialPlacement:
                 self._sign(flow, keys, region, service, None)
                 return True
             length = request.headers.get("content-length")
+            if length is None and "transfer-encoding" not in request.headers and request.method in _BODYLESS:
+                self._sign(flow, keys, region, service, b"")  # no body announced (and none expected)
+                return True
             if request.raw_content is not None and not request.stream:
                 self._sign(flow, keys, region, service, request.raw_content)  # already read (HTTP/2, small)
                 return True

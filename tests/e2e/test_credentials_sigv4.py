@@ -26,7 +26,9 @@ iam.create_user(UserName="egress")
 iam.put_user_policy(UserName="egress", PolicyName="all", PolicyDocument=json.dumps(
     {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
 key = iam.create_access_key(UserName="egress")["AccessKey"]
-print(json.dumps({"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}))
+trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}]}
+role = iam.create_role(RoleName="agent", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+print(json.dumps({"id": key["AccessKeyId"], "secret": key["SecretAccessKey"], "role": role}))
 """
 
 
@@ -35,7 +37,7 @@ def real_keys(lab: Lab):
     for name in ("s3.example.test", "sts.example.test", "iam.example.test", "sqs.example.test"):
         add_host(lab, name, ADDRESS)
     # The bucket is in the path (path-style): moto must not read `s3` from the host as one.
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3", "MOTO_S3_CUSTOM_ENDPOINTS": S3}
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4", "MOTO_S3_CUSTOM_ENDPOINTS": S3}
     cmd = [str(VENV_BIN / "moto_server"), "-H", ADDRESS, "-p", str(PORT),
            "-c", str(lab.dir / "upstream.pem"), "-k", str(lab.dir / "upstream.key")]  # fmt: skip
     proc = start_moto(lab, cmd, env)
@@ -117,3 +119,37 @@ def test_boto3_with_placeholder_keys_through_the_proxy(lab, proxy, real_keys):
 def test_the_same_without_the_proxy_fails_on_signature(lab, real_keys):
     result, _ = sandbox(lab, "direct")
     assert result.get("error") in ("InvalidClientTokenId", "SignatureDoesNotMatch", "InvalidAccessKeyId"), result
+
+
+def test_role_arn_assumed_through_sts(lab, real_keys):
+    spec = f"""
+network:
+  allowCidrs: ["198.18.0.0/15"]
+  credentials:
+    aws: {{type: aws_sigv4, accessKeyId: "${{env:REAL_AK}}", secretAccessKey: "${{env:REAL_SK}}",
+          roleArn: "{real_keys['role']}", stsUrl: "{STS}/", durationSeconds: 900}}
+  allowlist:
+    - {{domain: sts.example.test, sign: aws}}
+    - {{domain: api.example.test, sign: aws}}
+"""
+    proxy = lab.start_proxy(spec, env={"REAL_AK": real_keys["id"], "REAL_SK": real_keys["secret"]})
+    try:
+        # The role's keys are fetched (AssumeRole at moto) on a first signed request to the
+        # echo upstream: moto_server completes TLS handshakes one at a time in its accept
+        # loop, so a sandbox tunnel to it, dialled at CONNECT, would hold up the proxy's own
+        # STS call until it timed out.
+        status, _, body = curl(lab, proxy, "https://api.example.test/", "--aws-sigv4", "aws:amz:us-east-1:sts",
+                               "--user", "placeholder:placeholder")  # fmt: skip
+        assert status == 200, body
+        assert '"X-Amz-Security-Token", "****' in body  # the session token echoed back, masked
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "AWS_ACCESS_KEY_ID": "placeholder",
+               "AWS_SECRET_ACCESS_KEY": "placeholder", "AWS_CA_BUNDLE": client_ca_bundle(lab, proxy),
+               "HTTPS_PROXY": proxy.url}  # fmt: skip
+        code = ("import boto3; print(boto3.client('sts', endpoint_url='%s', region_name='us-east-1')"
+                ".get_caller_identity()['Arn'])" % STS)  # fmt: skip
+        out = lab.exec(sys.executable, "-c", code, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert ":assumed-role/agent/egress-proxy" in out.stdout
+        assert 'egress_credential_fetches_total{credential="aws",outcome="ok"} 1.0' in proxy.get_ops("/metrics")[1]
+    finally:
+        proxy.stop()
