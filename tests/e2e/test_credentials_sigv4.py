@@ -145,8 +145,8 @@ network:
         env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "AWS_ACCESS_KEY_ID": "placeholder",
                "AWS_SECRET_ACCESS_KEY": "placeholder", "AWS_CA_BUNDLE": client_ca_bundle(lab, proxy),
                "HTTPS_PROXY": proxy.url}  # fmt: skip
-        code = ("import boto3; print(boto3.client('sts', endpoint_url='%s', region_name='us-east-1')"
-                ".get_caller_identity()['Arn'])" % STS)  # fmt: skip
+        code = (f"import boto3; print(boto3.client('sts', endpoint_url='{STS}', region_name='us-east-1')"
+                ".get_caller_identity()['Arn'])")  # fmt: skip
         out = lab.exec(sys.executable, "-c", code, env=env)
         assert out.returncode == 0, out.stderr[-2000:]
         assert ":assumed-role/agent/egress-proxy" in out.stdout
