@@ -16,6 +16,7 @@ Policy lives in `egress.credentials`; this file only wires it in.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterable
 
@@ -203,11 +204,18 @@ class CredentialPlacement:
 class EchoScrubbing:
     """Masks injected secrets in responses: headers at `responseheaders`, bodies streamed or whole."""
 
+    def load(self, loader) -> None:
+        loader.add_option(
+            "egress_scrub_echoes", bool, True,
+            "Mask secrets the proxy injected when a response carries them back (headers and bodies). "
+            "Turn off only to measure its cost.",
+        )  # fmt: skip
+
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         found = flow.metadata.get(SECRETS_KEY)
-        if not found or flow.response is None:
+        if not found or flow.response is None or not ctx.options.egress_scrub_echoes:
             return
-        scrubber = Scrubber(found)
+        scrubber = _scrubber(tuple(found))
         if not scrubber:
             return
         flow.metadata[_ECHO_STATE] = scrubber
@@ -241,6 +249,13 @@ class EchoScrubbing:
         if count:
             response.set_content(scrubbed)
             metrics.SECRET_ECHOES.labels(_rule(flow)).inc(count)
+
+
+@functools.lru_cache(maxsize=256)
+def _scrubber(found: tuple[str, ...]) -> Scrubber:
+    """One compiled scrubber per set of secrets (a static transform's is the same for every
+    request; a token's until it is refreshed), not one per response."""
+    return Scrubber(found)
 
 
 def _joined(chunks: bytes | Iterable[bytes]) -> bytes:

@@ -2,7 +2,7 @@
 
 An echo endpoint, an error page quoting the Authorization header, a debug
 response: whatever carries an injected secret back to the sandbox reaches it with
-each occurrence masked. The mask has the secret's length (`*` repeated), so a
+each occurrence masked (the secret as sent, and percent-encoded). The mask has the secret's length (`*` repeated), so a
 streamed body keeps its declared Content-Length. Streamed bodies are scanned
 across chunk boundaries: the last `longest - 1` bytes of each chunk are held back
 until the next one (or the end) shows whether they start a secret.
@@ -12,8 +12,6 @@ match ordinary text (and is no credential anyone issues).
 
 from __future__ import annotations
 
-import base64
-import re
 from collections.abc import Iterable
 from urllib.parse import quote
 
@@ -24,29 +22,32 @@ class Scrubber:
     def __init__(self, secrets: Iterable[str]):
         forms: set[bytes] = set()
         for secret in secrets:
-            if len(secret) < MIN_SECRET:
-                continue
-            for form in (secret, quote(secret, safe=""), base64.b64encode(secret.encode()).decode()):
-                forms.add(form.encode())
-        # Longest first: a secret that contains another is masked whole.
+            # A header value `Bearer <token>` / `Basic <base64>`: its credential alone is a
+            # secret too (an echo may quote it without the scheme).
+            candidates = {secret, secret.partition(" ")[2]}
+            for candidate in candidates:
+                if len(candidate) >= MIN_SECRET:
+                    forms.add(candidate.encode())
+                    forms.add(quote(candidate, safe="").encode())  # as a query or form value
+        # A form that contains another is found (and masked, in its part that is secret)
+        # through the shorter one: one substring search fewer per chunk.
+        forms = {f for f in forms if not any(g != f and g in f for g in forms)}
         self._forms = sorted(forms, key=len, reverse=True)
-        self._pattern = re.compile(b"|".join(re.escape(f) for f in self._forms)) if self._forms else None
+        self._masks = [b"*" * len(f) for f in self._forms]
         self.longest = max((len(f) for f in self._forms), default=0)
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return bool(self._forms)
 
     def scrub(self, data: bytes) -> tuple[bytes, int]:
-        if self._pattern is None:
-            return data, 0
+        # One substring search per form (C speed, no copy when nothing is found: the usual
+        # case); a regex alternation of the forms scanned 1 MiB bodies at a quarter the speed.
         count = 0
-
-        def mask(m: re.Match[bytes]) -> bytes:
-            nonlocal count
-            count += 1
-            return b"*" * len(m.group(0))
-
-        return self._pattern.sub(mask, data), count
+        for form, mask in zip(self._forms, self._masks, strict=True):
+            if form in data:
+                count += data.count(form)
+                data = data.replace(form, mask)
+        return data, count
 
     def scrub_text(self, text: str) -> tuple[str, int]:
         data, count = self.scrub(text.encode("utf-8", "surrogateescape"))

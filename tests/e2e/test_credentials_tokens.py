@@ -110,7 +110,7 @@ def test_oauth2_one_fetch_per_lifetime_across_expiries_and_echo_masked(lab, prox
         status, headers, body = curl(lab, proxy, "https://api.example.test/v1/data")
         assert status == 200, body
         assert CANARY not in body and CANARY not in json.dumps(headers)
-        assert '["Authorization", "*****' in body  # the echo came back, masked
+        assert '["Authorization", "Bearer *****' in body  # the echo came back, the token masked
         time.sleep(0.1)
     for record in received(lab, "api.example.test", started):
         value = header(record, "Authorization")

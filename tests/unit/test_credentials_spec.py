@@ -167,3 +167,29 @@ def test_references_render_and_escape():
     assert t.render({"x": "tok"}) == "a ${literal} dG9rOmU= z"
     assert "tok" not in repr(t) and "e" not in repr(t).replace("template", "").replace("credentials", "")
     assert references.referenced_files("${base64:${file:/a}} ${file:/b} $${file:/c}") == ["/a", "/b"]
+
+
+def test_check_command_reports_credential_problems_one_line_each(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "network:\n"
+        "  credentials:\n"
+        "    corp: {type: oauth2, tokenUrl: 'http://login.example/token', clientId: a, clientSecret: hunter2-secret}\n"
+        "    gh: {type: github_app, appId: 1, installationId: 2, privateKey: not-a-key-secret}\n"
+        "  allowlist:\n"
+        "    - {domain: api.example.com, transform: {Authorization: 'Bearer ${credential:crop}'}}\n"
+    )
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("egress-proxy")), "check", "--spec", str(spec)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    output = done.stdout + done.stderr
+    assert f"{spec}: network.credentials.corp.tokenUrl: must be an https:// URL" in output
+    assert f"{spec}: network.credentials.gh.privateKey: is not an unencrypted PEM private key" in output
+    assert f"{spec}: network.allowlist[0].transform.Authorization: ${{credential:crop}}: no credential source 'crop'" in output
+    assert "Traceback" not in output and "hunter2" not in output and "not-a-key" not in output
