@@ -50,5 +50,5 @@ def token_server_cmd(lab: Lab, listen: str, log: Path, canary: str, keys: dict[s
         "--cert", str(lab.dir / "upstream.pem"), "--key", str(lab.dir / "upstream.key"), "--log", str(log),
         "--canary", canary, "--client-id", "egress", "--client-secret", keys["client_secret"].read_text(),
         "--google-public-key", str(keys["google_pub"]), "--github-public-key", str(keys["github_pub"]),
-        "--github-app-id", "4242", "--lifetime", str(lifetime),
+        "--github-app-id", "4242", "--lifetime", str(lifetime), "--git-root", str(lab.dir / "static"),
     ]  # fmt: skip

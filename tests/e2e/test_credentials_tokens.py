@@ -25,6 +25,7 @@ TG_TOKEN = "123456:tg-" + CANARY
 LIFETIME = 3.0
 TOKEN_HOST, TOKEN_ADDRESS = "token.example.test", "198.18.0.30"
 DOWN_HOST, DOWN_ADDRESS = "down.example.test", "198.18.0.31"
+GIT_HOST = "git.example.test"  # the token server's git http-backend, Basic auth required
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,7 @@ def keys(lab: Lab) -> dict:
 def token_server(lab: Lab, keys):
     add_host(lab, TOKEN_HOST, TOKEN_ADDRESS)
     add_host(lab, DOWN_HOST, DOWN_ADDRESS)
+    add_host(lab, GIT_HOST, TOKEN_ADDRESS)
     log = keys["dir"] / "tokens.jsonl"
     proc = start_in_upstream(lab, token_server_cmd(lab, f"{TOKEN_ADDRESS}:9443", log, CANARY, keys, LIFETIME))
     yield log
@@ -85,6 +87,8 @@ network:
     - domain: other.test
       query: {{key: "${{env:MAPS_KEY}}"}}
       replace: {{EGRESS_PLACEHOLDER_TG: "${{env:TG_TOKEN}}"}}
+    - domain: {GIT_HOST}
+      transform: {{Authorization: "Basic ${{base64:x-access-token:${{credential:gh}}}}"}}
     - domain: telemetry.example.test
       transform: {{Authorization: "Bearer ${{credential:down}}"}}
 """
@@ -185,3 +189,30 @@ def test_token_server_down_is_502_credential_unavailable_then_recovers(lab, prox
     finally:
         _terminate(proc)
     assert 'egress_credential_fetches_total{credential="down",outcome="error"}' in proxy.get_ops("/metrics")[1]
+
+
+def test_git_clone_and_fetch_from_git_http_backend_requiring_basic(lab, proxy, token_server, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "https_proxy": proxy.url,
+           "GIT_SSL_CAINFO": client_ca_bundle(lab, proxy), "GIT_TERMINAL_PROMPT": "0"}  # fmt: skip
+    url = f"https://{GIT_HOST}:9443/git/repo.git"
+    out = lab.exec("git", "clone", "-q", url, str(tmp_path / "smart"), env=env)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "smart" / "README").read_text() == "hello through the proxy\n"
+    time.sleep(LIFETIME + 0.5)  # the installation token has expired: fetch gets the next one
+    out = lab.exec("git", "-C", str(tmp_path / "smart"), "fetch", "origin", env=env)
+    assert out.returncode == 0, out.stderr
+    assert CANARY not in out.stdout + out.stderr
+    calls = [f for f in fetches(token_server, "git")]
+    assert calls and all(f["ok"] for f in calls), calls  # every request carried a live token
+    # Without the proxy's credential the same server refuses (the sandbox has none).
+    direct = lab.exec("git", "ls-remote", url, env={**env, "https_proxy": "", "GIT_SSL_CAINFO": str(lab.upstream_ca)})
+    assert direct.returncode != 0
+
+
+def test_streamed_echo_masked_across_chunks(lab, proxy):
+    size = 3 * 1024 * 1024 + 17  # streamed (over 64 KiB), many chunks, secrets across their boundaries
+    status, headers, body = curl(lab, proxy, f"https://{GIT_HOST}:9443/echo-large/{size}")
+    assert status == 200 and len(body) == size and headers["content-length"] == str(size)
+    assert CANARY not in body
+    assert body.count("x-access-token") == 0  # the whole Basic value was an injected secret
+    assert body.startswith("Basic ****")

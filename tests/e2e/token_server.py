@@ -10,15 +10,23 @@ on the server side:
   call; the app JWT is verified by PyJWT with the app's public key (--github-public-key).
 Tokens are `<prefix><canary>-<n>` and expire after --lifetime seconds. Every call is
 appended to --log as one JSON line (kind, ok), never with the token it issued.
+Resource endpoints for the same tests (any host name that maps here):
+- `/git/<repo>/...`: real `git http-backend` (CGI) over --git-root, only for HTTP Basic
+  `x-access-token:<an installation token this server issued and that has not expired>`;
+  401 with `WWW-Authenticate` otherwise, as GitHub answers.
+- `GET /echo-large/<N>`: an N-byte body made of the request's Authorization header
+  repeated (with padding), Content-Length framed: a large echo the proxy streams.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import base64
 import datetime
 import json
 import ssl
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -29,6 +37,7 @@ from google.auth import jwt as google_jwt
 
 LOCK = threading.Lock()
 COUNT = [0]
+ISSUED: dict[str, float] = {}  # installation token -> expiry (time.time())
 
 
 def main() -> None:
@@ -37,6 +46,7 @@ def main() -> None:
                  "--google-public-key", "--github-public-key", "--github-app-id"):  # fmt: skip
         p.add_argument(name, required=True)
     p.add_argument("--lifetime", type=float, default=3)
+    p.add_argument("--git-root", default="")
     args = p.parse_args()
     host, _, port = args.listen.rpartition(":")
     google_key = open(args.google_public_key).read()
@@ -97,14 +107,81 @@ def main() -> None:
                 if not ok:
                     return self._answer(401, {"message": "A JSON web token could not be decoded"})
                 expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=args.lifetime)
-                return self._answer(201, {"token": self._token("ghs_"), "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ")})
+                token = self._token("ghs_")
+                ISSUED[token] = time.time() + args.lifetime
+                return self._answer(201, {"token": token, "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ")})
+            if self.path.startswith("/git/"):
+                return self._git(body)
             self._answer(404, {"error": "not_found"})
 
-    server = ThreadingHTTPServer((host, int(port)), Handler)
-    server.daemon_threads = True
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path.startswith("/git/"):
+                return self._git(b"")
+            if self.path.startswith("/echo-large/"):
+                size = int(self.path.rsplit("/", 1)[1])
+                piece = (self.headers.get("Authorization", "") + " " + "p" * 1237 + "\n").encode()
+                body = (piece * (size // len(piece) + 1))[:size]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self._answer(404, {"error": "not_found"})
+
+        def _git(self, body: bytes) -> None:
+            scheme, _, value = self.headers.get("Authorization", "").partition(" ")
+            try:
+                user, _, password = base64.b64decode(value).decode().partition(":")
+            except ValueError:
+                user = password = ""
+            ok = scheme == "Basic" and user == "x-access-token" and ISSUED.get(password, 0) > time.time()
+            self._log("git", ok, self.command)
+            if not ok:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="GitHub"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            path, _, query = self.path.partition("?")
+            env = {
+                "GIT_PROJECT_ROOT": args.git_root, "GIT_HTTP_EXPORT_ALL": "1", "PATH_INFO": path[len("/git"):],
+                "QUERY_STRING": query, "REQUEST_METHOD": self.command, "REMOTE_USER": user, "REMOTE_ADDR": "198.18.0.1",
+                "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+                "GIT_PROTOCOL": self.headers.get("Git-Protocol", ""), "PATH": "/usr/bin:/bin",
+            }  # fmt: skip
+            if self.headers.get("Content-Encoding") == "gzip":
+                env["HTTP_CONTENT_ENCODING"] = "gzip"
+            done = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, timeout=30)
+            head, _, out = done.stdout.partition(b"\r\n\r\n")
+            status, headers = 200, []
+            for line in head.decode("latin-1").split("\r\n"):
+                name, _, field = line.partition(":")
+                if name.lower() == "status":
+                    status = int(field.split()[0])
+                elif name:
+                    headers.append((name, field.strip()))
+            self.send_response(status)
+            for name, field in headers:
+                self.send_header(name, field)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(args.cert, args.key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+
+    class TLSServer(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def finish_request(self, request, client_address) -> None:
+            # The handshake in the connection's own thread: a client that connects and waits
+            # (the proxy dials at CONNECT, before the sandbox's TLS) must not hold up the others.
+            with contextlib.suppress(ssl.SSLError, OSError):
+                request = ctx.wrap_socket(request, server_side=True)
+                super().finish_request(request, client_address)
+
+    server = TLSServer((host, int(port)), Handler)
     print("ready", flush=True)
     server.serve_forever()
 
