@@ -21,8 +21,8 @@ Resource endpoints for the same tests (any host name that maps here):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import base64
+import contextlib
 import datetime
 import json
 import ssl
