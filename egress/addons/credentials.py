@@ -111,12 +111,13 @@ class CredentialPlacement:
             pairs = [(p, t.render(tokens)) for p, t in placed.replace]
             found.extend(secret for _, secret in pairs)
             request.path, count = placement.replace_in_target(request.path, pairs)
-            for name, value in request.headers.items(multi=True):
-                if any(p in value for p, _ in pairs) or value[:6].lower() == "basic ":
-                    new = placement.replace_in_header(value, pairs)
-                    if new != value:
-                        request.headers.set_all(name, [placement.replace_in_header(v, pairs) for v in request.headers.get_all(name)])
-                        count += 1
+            fields = []
+            for field_name, field_value in request.headers.fields:
+                text = field_value.decode("utf-8", "surrogateescape")
+                replaced = placement.replace_in_header(text, pairs)
+                count += replaced != text
+                fields.append((field_name, replaced.encode("utf-8", "surrogateescape")))
+            request.headers.fields = tuple(fields)
             if count:
                 injected.append("replace")
         for name, template in placed.headers:
@@ -151,9 +152,6 @@ class CredentialPlacement:
             length = request.headers.get("content-length")
             if length is None and "transfer-encoding" not in request.headers and request.method in _BODYLESS:
                 self._sign(flow, keys, region, service, b"")  # no body announced (and none expected)
-                return True
-            if request.raw_content is not None and not request.stream:
-                self._sign(flow, keys, region, service, request.raw_content)  # already read (HTTP/2, small)
                 return True
             if length is None or not length.isdigit() or int(length) > ctx.options.egress_sign_max_body:
                 raise sigv4.Unsignable(sigv4.UNSIGNABLE, "body too large or of unknown length to hash")
