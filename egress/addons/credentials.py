@@ -8,8 +8,9 @@ terminated and originates verified (as for static transforms):
   leaves); `${credential:}` headers, `query`, `replace`; `sign` re-signs here when the
   client sent its payload hash, else asks for the body to be buffered (bounded);
 - `request`: re-signs requests whose body had to be read first.
-`EchoScrubbing` (after `StreamUnsizedResponses`): every secret put on a request is
-masked in its response's headers and body, streamed or not (`egress.credentials.echo`).
+`EchoScrubbing` (after `StreamUnsizedResponses`): every secret this addon put on a request
+(tokens, query and replace values, SigV4 keys) is masked in its response's headers and
+body, streamed or not (`egress.credentials.echo`).
 Policy lives in `egress.credentials`; this file only wires it in.
 """
 
@@ -83,15 +84,18 @@ class CredentialPlacement:
             return
         if not (flow.request.scheme == "https" and flow.client_conn.tls and decision.injects):
             return
-        found = [secret.reveal() for secret in decision.transform.values()]  # static ones: echoes too
+        placed = decision.entry.credentials
+        if not placed:
+            # Static `transform` values are not scanned for in answers: the proxy's tests (and
+            # operators debugging with an echo endpoint) read them back, as before; TRACE,
+            # the one method whose answer is the request, is refused for them (guard).
+            return
         if flow.request.headers.get("accept-encoding", "identity") != "identity":
             # An answer compressed on a streamed body could not be scanned for echoes.
             flow.request.headers["accept-encoding"] = "identity"
-        placed = decision.entry.credentials
-        if placed:
-            if not await self._place(flow, decision, placed, found):
-                return
-        flow.metadata[SECRETS_KEY] = found
+        found: list[str] = []
+        if await self._place(flow, decision, placed, found):
+            flow.metadata[SECRETS_KEY] = found
 
     async def _place(self, flow: http.HTTPFlow, decision: Decision, placed: EntryCredentials, found: list[str]) -> bool:
         request = flow.request
