@@ -104,8 +104,14 @@ def _assumed(body: bytes, started: float, duration: int) -> Token:
             lifetime = max(1.0, expiration.timestamp() - time.time())
     except ValueError:
         pass
+    if not all(_visible_ascii(values[k]) for k in ("AccessKeyId", "SecretAccessKey", "SessionToken")):
+        raise FetchFailed("STS AssumeRole answer holds credentials that are not visible ASCII")
     keys = AwsKeys(values["AccessKeyId"], values["SecretAccessKey"], values["SessionToken"])
     return Token(keys, expires_at=started + lifetime, fetched_at=started)
+
+
+def _visible_ascii(text: str) -> bool:
+    return bool(text) and all("!" <= c <= "~" for c in text)
 
 
 def _sts_error(body: bytes) -> str:
@@ -134,6 +140,9 @@ def parse(name: str, f: Fields) -> AwsSigV4Source | None:
         for key in ("roleSessionName", "externalId", "durationSeconds", "stsUrl", "stsRegion"):
             if key in f.raw:
                 f.problem(key, "only with roleArn")
+    for key, secret in (("accessKeyId", access_key_id), ("secretAccessKey", secret_access_key), ("sessionToken", session_token)):
+        if secret is not None and not _visible_ascii(secret.reveal()):
+            f.problem(key, "must be visible ASCII (it goes into request headers)")
     if not f.ok or access_key_id is None or secret_access_key is None:
         return None
     return AwsSigV4Source(

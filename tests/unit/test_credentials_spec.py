@@ -97,6 +97,8 @@ network:
          "network.credentials.s.keyFile: /nonexistent/key.json: cannot read"),
         ("{type: gcp_service_account, keyFile: /k.json}", "network.credentials.s.scopes: missing"),
         ("{type: aws_sigv4, accessKeyId: a}", "network.credentials.s.secretAccessKey: missing"),
+        ('{type: aws_sigv4, accessKeyId: "AKIA\\r\\nX-Evil: 1", secretAccessKey: b}',
+         "network.credentials.s.accessKeyId: must be visible ASCII"),
         ("{type: aws_sigv4, accessKeyId: a, secretAccessKey: b, durationSeconds: 900}",
          "network.credentials.s.durationSeconds: only with roleArn"),
         ("{type: aws_sigv4, accessKeyId: a, secretAccessKey: b, roleArn: role}",
