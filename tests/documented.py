@@ -100,31 +100,11 @@ def subcommands() -> dict[str, frozenset[str]]:
 
 def reason_codes() -> set[str]:
     """Every reason code the installed package can put in `X-Egress-Denied`,
-    `X-Egress-Error`, a metric label or an audit line."""
-    import importlib
+    `X-Egress-Error`, a metric label or an audit line: the string constants of
+    egress/policy/reasons.py, the one module that defines them."""
+    from egress.policy import reasons
 
-    from egress.dns import policy as dns_policy
-    from egress.net import upstream
-    from egress.policy import decisions as policy
-
-    def constant(name: str) -> str:
-        # Where the answer for it is built: egress.mitm.refusals, or (before it) the addon.
-        for module in ("egress.mitm.refusals", "egress.addons.environment_gate", "egress.addons.limits"):
-            try:
-                found = importlib.import_module(module)
-            except ImportError:
-                continue
-            if hasattr(found, name):
-                return getattr(found, name)
-        raise AssertionError(f"no module of egress defines {name}")
-
-    return {
-        *policy.REASONS,
-        *dns_policy.DNS_REASONS,
-        *upstream.REASONS,
-        constant("CONNECTION_LIMIT"),
-        constant("READ_TIMEOUT"),
-    }
+    return {value for name, value in vars(reasons).items() if name.isupper() and isinstance(value, str)}
 
 
 def section(text: str, heading: str) -> str:

@@ -12,6 +12,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from egress.addons.audit_log import AuditLog
+from egress.addons.credentials import CredentialPlacement, EchoScrubbing
 from egress.addons.dns_filter import DnsFilter
 from egress.addons.environment_gate import EnvironmentGate
 from egress.addons.failsafe import fail_closed
@@ -61,6 +62,7 @@ def chain(
     policy = PolicySource(source, count_reloads=count_reloads)
     gate = EnvironmentGate(policy, log)
     checker = DestinationChecker(gate.spec_for, LocalAddresses([]))
+    guard = DestinationGuard(checker, log, parent, parent_from)
 
     def dns_spec():
         # A DNS query carries no proof of environment: with a directory of environments no
@@ -78,10 +80,14 @@ def chain(
         # Our hooks fail closed: an exception refuses the request/connection (failsafe.py).
         # The environment gate answers 407 before the guard decides anything.
         fail_closed(gate),
-        fail_closed(DestinationGuard(checker, log, parent, parent_from)),
+        fail_closed(guard),
+        # Token sources, query/replace/sign, then the static transform headers (and the audit line).
+        fail_closed(CredentialPlacement(gate.spec_for, log, lambda: guard.parent)),
         fail_closed(CredentialInjector(log)),
         # Server-sent events and other responses of unknown length reach the client as they come.
         fail_closed(StreamUnsizedResponses()),
+        # Injected secrets that come back in a response are masked (after streaming is decided).
+        fail_closed(EchoScrubbing()),
         # No 101 the proxy could not follow: the connection would turn into unchecked raw TCP.
         fail_closed(ProtocolSwitches()),
         fail_closed(ConnectionLimits()),

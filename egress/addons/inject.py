@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from mitmproxy import http
 
+from egress.addons.credentials import INJECTED_KEY
 from egress.addons.guard import DECISION_KEY
 from egress.ops.audit import DecisionLog, client_label
 from egress.policy.decisions import Decision
@@ -30,6 +31,8 @@ class CredentialInjector:
             for name, secret in decision.transform.items():
                 flow.request.headers[name] = secret.reveal()  # replaces every same-named header
             injected = tuple(decision.transform)
+        # What egress.addons.credentials placed before us (${credential:} headers, query, replace, sign).
+        injected += flow.metadata.get(INJECTED_KEY, ())
         self.log.record(
             decision,
             client=client_label(flow.client_conn.peername),

@@ -11,6 +11,7 @@ is written once and reviewed once:
 | `proxy_auth_required` | 407     | `X-Egress-Denied`, `Proxy-Authenticate`       | `egress_denied`   |
 | `connection_limit`    | 429     | `X-Egress-Denied: connection_limit`, close    | `egress_denied`   |
 | `upstream_failed`     | 502/504 | `X-Egress-Error: <reason>`                    | `upstream_failed` |
+| `credential_unavailable` | 502  | `X-Egress-Error: credential_unavailable`      | `credential_unavailable` |
 | `read_timeout`        | 504     | `X-Egress-Error: read_timeout`, close (bytes) | `upstream_error`  |
 | `bad_request`         | 400     | -                                             | `bad_request`     |
 | `head_too_large`      | 431     | close (bytes)                                 | `bad_request`     |
@@ -36,7 +37,7 @@ from mitmproxy.net.http import http1
 
 from egress.net import upstream
 from egress.policy import decisions as policy
-from egress.policy.reasons import CONNECTION_LIMIT, READ_TIMEOUT, REQUEST_NOT_ALLOWED
+from egress.policy.reasons import CONNECTION_LIMIT, CREDENTIAL_UNAVAILABLE, READ_TIMEOUT, REQUEST_NOT_ALLOWED
 from egress.wire import proxy_auth
 
 MAX_HOST = 255
@@ -99,6 +100,13 @@ def connection_limit(host: str) -> http.Response:
 def upstream_failed(reason: str, host: str) -> http.Response:
     """A CONNECT whose checked address could not be dialled (`egress.net.upstream` reasons)."""
     return _json(upstream.STATUS[reason], _body("upstream_failed", reason, host), {"X-Egress-Error": reason})
+
+
+def credential_unavailable(credential: str, host: str) -> http.Response:
+    """A credential source gave no token (SPEC §8): the request is not sent without it.
+    `credential` is the source's name from the spec, never anything it holds."""
+    body = json.dumps({"error": CREDENTIAL_UNAVAILABLE, "credential": credential, "host": host[:MAX_HOST]}).encode()
+    return _json(502, body, {"X-Egress-Error": CREDENTIAL_UNAVAILABLE})
 
 
 def read_timeout(host: str) -> bytes:

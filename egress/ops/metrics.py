@@ -36,8 +36,18 @@ DNS_QUERIES = Counter(
 )
 CREDENTIAL_INJECTIONS = Counter(
     "egress_credential_injections",
-    "Requests that had an allowlist entry's transform applied.",
+    "Requests that had an allowlist entry's credentials applied (transform, query, replace or sign).",
     ["rule", "environment"],
+)
+CREDENTIAL_FETCHES = Counter(
+    "egress_credential_fetches",
+    "The proxy's own token calls (network.credentials sources) by source name and outcome (ok, error).",
+    ["credential", "outcome"],
+)
+SECRET_ECHOES = Counter(
+    "egress_secret_echoes",
+    "Occurrences of an injected secret found in a response (headers or body) and masked before the client saw them.",
+    ["rule"],
 )
 UPSTREAM_ERRORS = Counter(
     "egress_upstream_errors",

@@ -46,6 +46,12 @@ UPSTREAM_UNREACHABLE = "upstream_unreachable"
 UPSTREAM_TIMEOUT = "upstream_timeout"
 UPSTREAM_REASONS = (UPSTREAM_REFUSED, UPSTREAM_UNREACHABLE, UPSTREAM_TIMEOUT)
 
+# Credentials (egress/credentials, egress/addons/credentials.py).
+CREDENTIAL_UNAVAILABLE = "credential_unavailable"  # 502: a token source could not give a token
+PRESIGNED_URL = "presigned_url"  # 403: a SigV4 presigned URL on a `sign` entry (cannot be re-signed)
+UNSIGNABLE_REQUEST = "unsignable_request"  # 403: a `sign` request the proxy cannot re-sign (see sigv4.py)
+CREDENTIAL_REASONS = (CREDENTIAL_UNAVAILABLE, PRESIGNED_URL, UNSIGNABLE_REQUEST)
+
 # Limits (egress/addons/limits.py, egress/addons/environment_gate.py).
 CONNECTION_LIMIT = "connection_limit"  # 429: --max-connections-per-environment reached
 READ_TIMEOUT = "read_timeout"  # 504: the upstream did not start its answer within --read-timeout

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from egress.credentials import spec as credentials
 from egress.policy import secrets, yaml_events
 from egress.policy.addresses import IPNetwork, cidr_problem
 from egress.policy.domains import Allowlist, DomainPattern, HostError, parse_pattern
@@ -42,8 +43,8 @@ _RESERVED_HEADERS = frozenset(
         "upgrade",
     }
 )
-_NETWORK_FIELDS = {"allowlist", "mode", "allowCidrs", "proxyToken"}
-_ENTRY_FIELDS = {"domain", "transform", "requests"}
+_NETWORK_FIELDS = {"allowlist", "mode", "allowCidrs", "proxyToken", "credentials"}
+_ENTRY_FIELDS = {"domain", "transform", "requests", *credentials.ENTRY_FIELDS}
 
 
 class SpecError(Exception):
@@ -60,6 +61,8 @@ class AllowlistEntry:
     transform: dict[str, secrets.Secret] = field(default_factory=dict)
     # `requests` (SPEC §8): which methods and paths pass; None lets every request pass.
     requests: RequestRules | None = None
+    # `${credential:}` transform values, `query`, `replace`, `sign` (egress.credentials).
+    credentials: credentials.EntryCredentials | None = None
 
     @property
     def rule(self) -> str:
@@ -68,7 +71,7 @@ class AllowlistEntry:
     @property
     def injects(self) -> bool:
         """Puts a secret on the wire: its requests must be TLS the proxy originates."""
-        return bool(self.transform)
+        return bool(self.transform) or bool(self.credentials)
 
     @property
     def intercepted(self) -> bool:
@@ -270,13 +273,15 @@ def _build(data: Any, problems: list[str], environ: dict[str, str] | None) -> Sp
             if isinstance(value, str)
             for path in secrets.referenced_files(value)
         }
+        | set(credentials.referenced_files(network))
     )
     proxy_token = _parse_proxy_token(network.get("proxyToken"), f"{where}.proxyToken", problems, environ)
     if isinstance(network.get("proxyToken"), str):
         secret_files = sorted({*secret_files, *secrets.referenced_files(network["proxyToken"])})
+    sources = credentials.parse_sources(network.get("credentials"), f"{where}.credentials", problems, environ)
     seen: dict[tuple[str, str], int] = {}
     for index, raw in enumerate(raw_entries):
-        entry = _parse_entry(raw, f"{where}.allowlist[{index}]", problems, environ)
+        entry = _parse_entry(raw, f"{where}.allowlist[{index}]", problems, environ, sources)
         if entry is None:
             continue
         key = (entry.pattern.kind, entry.pattern.domain)
@@ -341,7 +346,9 @@ def _parse_cidrs(raw: Any, where: str, problems: list[str]) -> list[IPNetwork]:
     return networks
 
 
-def _parse_entry(raw: Any, where: str, problems: list[str], environ: dict[str, str] | None) -> AllowlistEntry | None:
+def _parse_entry(
+    raw: Any, where: str, problems: list[str], environ: dict[str, str] | None, sources: dict | None = None
+) -> AllowlistEntry | None:
     if not isinstance(raw, dict):
         problems.append(f"{where}: must be a mapping with a `domain`")
         return None
@@ -356,16 +363,24 @@ def _parse_entry(raw: Any, where: str, problems: list[str], environ: dict[str, s
     except HostError as exc:
         problems.append(f"{where}.domain: {exc}")
         return None
-    transform = _parse_transform(raw.get("transform"), pattern, f"{where}.transform", problems, environ)
+    dynamic: dict[str, credentials.Template] = {}
+    transform = _parse_transform(raw.get("transform"), pattern, f"{where}.transform", problems, environ, dynamic)
+    names = {n.lower() for n in (*transform, *dynamic)}
+    placed = credentials.parse_entry(raw, pattern.kind == "any", where, problems, environ, sources or {}, dynamic, names)
     requests, request_problems = parse_requests(raw["requests"]) if "requests" in raw else (None, [])
     problems.extend(f"{where}.requests{suffix}: {why}" for suffix, why in request_problems)
     if len(problems) > start:
         return None
-    return AllowlistEntry(pattern=pattern, transform=transform, requests=requests)
+    return AllowlistEntry(pattern=pattern, transform=transform, requests=requests, credentials=placed)
 
 
 def _parse_transform(
-    raw: Any, pattern: DomainPattern, where: str, problems: list[str], environ: dict[str, str] | None
+    raw: Any,
+    pattern: DomainPattern,
+    where: str,
+    problems: list[str],
+    environ: dict[str, str] | None,
+    dynamic: dict[str, credentials.Template] | None = None,
 ) -> dict[str, secrets.Secret]:
     if raw is None:
         return {}
@@ -393,9 +408,16 @@ def _parse_transform(
             problems.append(f"{field_where}: value must be a string, not {type(value).__name__}")
             continue
         try:
-            secret = secrets.expand(value, environ)
+            secret = credentials.transform_value(value, environ)
         except secrets.SecretReferenceError as exc:
             problems.append(f"{field_where}: {exc}")
+            continue
+        if isinstance(secret, credentials.Template):  # names a credential: rendered per request
+            sample = secret.render(dict.fromkeys(secret.credentials, "token"))
+            if (problem := _header_value_problem(sample)) is not None:
+                problems.append(f"{field_where}: value {problem}")
+            elif dynamic is not None:
+                dynamic[name] = secret
             continue
         if (problem := _header_value_problem(secret.reveal())) is not None:
             problems.append(f"{field_where}: value {problem}")

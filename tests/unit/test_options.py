@@ -44,9 +44,9 @@ def test_every_run_flag_is_an_egress_option(loaded):
 
 def test_every_egress_option_is_a_run_flag_or_a_limit(loaded):
     """The other way round: no option that `egress-proxy run` cannot set (except the limits
-    set with --set and the HTTP/2 limit, documented in docs/operations.md)."""
+    and credential settings set with --set, documented in docs/operations.md and docs/credentials.md)."""
     flags = {"egress_" + f[2:].replace("-", "_") for f in run_flags()}
-    extra = {"egress_max_header_bytes", "egress_max_h2_resets"}
+    extra = {"egress_max_header_bytes", "egress_max_h2_resets", "egress_credential_timeout", "egress_sign_max_body", "egress_scrub_echoes"}
     assert {n for n in loaded.keys() if n.startswith("egress_")} == flags - {"egress_listen", "egress_mode", "egress_confdir", "egress_set"} | extra
 
 

@@ -446,7 +446,7 @@ def test_spec_reports_every_rule_problem_at_once():
 
 
 def test_unknown_entry_field_lists_requests():
-    with pytest.raises(SpecError, match=r"unknown field \(expected domain, requests, transform\)"):
+    with pytest.raises(SpecError, match=r"unknown field \(expected domain, query, replace, requests, sign, transform\)"):
         parse_spec("network:\n  allowlist:\n    - domain: a.test\n      request: read-only\n")
 
 

@@ -8,6 +8,7 @@ with a clear message instead of misbehaving silently.
 
 | module             | target                                            | why |
 |--------------------|---------------------------------------------------|-----|
+| buffered_requests  | `HttpStream.check_body_size`                      | a body SigV4 re-signing must hash is read before the request is sent |
 | connect_handoff    | `proxy.server.asyncio` (module global)            | an intercepted tunnel reuses the connection dialled at CONNECT; mitmproxy's connects go through `--upstream-proxy` |
 | dns_listener       | `DnsInstance.make_top_layer`, `.start_udp_based_server` | the DNS listener answers every query itself, on the event loop |
 | early_answers      | `HttpStream.start_request_stream`                 | a refusal at the head of a large upload is answered at once |
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import mitmproxy.version
 
 from egress.mitm.patches import (
+    buffered_requests,
     connect_handoff,
     dns_listener,
     early_answers,
@@ -77,6 +79,7 @@ class Target:
 
 _HTTP1 = "mitmproxy.proxy.layers.http._http1"
 TARGETS: dict[str, tuple[Target, ...]] = {
+    "buffered_requests": (Target("mitmproxy.proxy.layers.http", "HttpStream.check_body_size", "generator", ("self", "request")),),
     "connect_handoff": (
         Target("mitmproxy.proxy.server", "asyncio", "module"),
         Target("asyncio", "open_connection", "coroutine"),
@@ -100,6 +103,7 @@ TARGETS: dict[str, tuple[Target, ...]] = {
     "skip_type_checks": (Target("mitmproxy.http", "MessageData.__post_init__", "function", ("self",)),),
 }
 _INSTALLERS = {
+    "buffered_requests": buffered_requests.install,
     "connect_handoff": connect_handoff.install,
     "dns_listener": dns_listener.install,
     "early_answers": early_answers.install,
