@@ -109,13 +109,17 @@ def load_hooks(
         Path(config_path) if config_path is not None else workspace_default(workspace),
         workspace_hooks=workspace_hooks,
     )
-    log_problems(layered.problems, log)
+    log_problems(layered.problems, log, layered.notes)
     return layered.config
 
 
-def log_problems(problems: tuple[tuple[str, str, str], ...], log: LogSink) -> None:
+def log_problems(
+    problems: tuple[tuple[str, str, str], ...], log: LogSink, notes: tuple[tuple[str, str, str], ...] = ()
+) -> None:
     for layer, source, problem in problems:
         log({"msg": "hook_config_problem", "layer": layer, "source": source, "problem": problem})
+    for layer, source, note in notes:
+        log({"msg": "hook_config_note", "layer": layer, "source": source, "note": note})
 
 
 async def dispatch(

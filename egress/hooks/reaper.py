@@ -161,7 +161,7 @@ def _pids() -> list[int]:
 def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
-    except OSError:
+    except (OSError, AttributeError):  # AttributeError: not Linux (no pidfd), nothing is killed
         return None
 
 
