@@ -145,7 +145,8 @@ async def dispatch(
         return await _run_plan(plan, event_name, tool_name, payload, env, deadline, budget, settings)
     finally:
         reaper.finish(token)
-        if settings.reaper is None:
+        # Our own reaper: sweep now (HTTP hooks start no process, so only after commands).
+        if settings.reaper is None and any(isinstance(handler, CommandHandler) for _, _, handler in plan):
             reaper.sweep()
 
 
