@@ -145,9 +145,13 @@ async def dispatch(
         return await _run_plan(plan, event_name, tool_name, payload, env, deadline, budget, settings)
     finally:
         reaper.finish(token)
-        # Our own reaper: sweep now (HTTP hooks start no process, so only after commands).
+        # Our own reaper (HTTP hooks start no process, so only after commands): the
+        # /proc scan (~1 ms) runs beside the caller, not before the decision returns.
+        # (A caller's event loop waits for it at shutdown: asyncio.run does.)
         if settings.reaper is None and any(isinstance(handler, CommandHandler) for _, _, handler in plan):
-            reaper.sweep()
+            import asyncio  # already loaded: a coroutine of ours is running
+
+            asyncio.get_running_loop().run_in_executor(None, reaper.sweep)
 
 
 async def _run_plan(

@@ -23,9 +23,7 @@ dispatcher runs as root.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import secrets
 import signal
 import threading
 
@@ -39,6 +37,8 @@ def become_subreaper() -> bool:
     global _subreaper
     if _subreaper:
         return True
+    import ctypes  # only here: the CLI answers most tool calls without spawning anything
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
@@ -48,6 +48,8 @@ def become_subreaper() -> bool:
 
 
 def new_token() -> str:
+    import secrets
+
     return secrets.token_hex(12)
 
 
