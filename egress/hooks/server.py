@@ -185,6 +185,7 @@ class HookServer:
                 for f in self.snapshot.files
             ],
             "groups": [{"name": g.name, "layer": g.layer, "enabled": g.enabled} for g in self.snapshot.config.groups],
+            "in_flight": self.in_flight,
         }
 
     def check_disk(self) -> None:

@@ -205,3 +205,11 @@ def test_cli_kills_a_chain_of_escaped_processes(tmp_path):
     assert result.returncode == 0, result.stderr
     (pid,) = [int(p) for p in pids.read_text().split()]
     assert wait_gone(pid), f"{pid} outlived the dispatch"
+
+
+def test_the_default_budget_is_the_sum_of_the_timeouts_capped_at_600_s():
+    from egress.hooks.config import CommandHandler
+    from egress.hooks.dispatcher import default_budget
+
+    assert default_budget([CommandHandler(0, "true", timeout=1.0)] * 3) == pytest.approx(3.9)  # + 0.3 s each to stop
+    assert default_budget([CommandHandler(0, "true", timeout=30.0)] * 30) == 600
