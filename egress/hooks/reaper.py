@@ -61,6 +61,8 @@ class Reaper:
         self._active: set[str] = set()
         self._finished: set[bytes] = set()
         self._killed: set[int] = set()
+        # One pass at a time (the dispatcher sweeps between handlers in a thread).
+        self._sweeping = threading.Lock()
 
     def start(self) -> str:
         token = new_token()
@@ -73,12 +75,21 @@ class Reaper:
             self._active.discard(token)
             self._finished.add(f"{RUN_TOKEN_VARIABLE}={token}".encode())
 
-    def sweep(self) -> list[int]:
-        """One pass over /proc; returns the pids it killed. Safe to call any time."""
+    def sweep(self, tagged_only: bool = False) -> list[int]:
+        """One pass over /proc; returns the pids it killed. Safe to call any time.
+
+        `tagged_only`: kill only processes with a finished token, never the untagged
+        children of an idle subreaper - for a pass from another thread, which cannot
+        know that no handler is being started meanwhile.
+        """
+        with self._sweeping:
+            return self._sweep(tagged_only)
+
+    def _sweep(self, tagged_only: bool) -> list[int]:
         with self._lock:
             finished = self._finished
             self._finished = set()
-            idle = not self._active
+            idle = not self._active and not tagged_only
         killed: list[int] = []
         if _subreaper and idle:
             if not _has_children():
