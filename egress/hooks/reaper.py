@@ -6,9 +6,9 @@ double fork into a new session) has left the group, and once its parent shell
 exits it is reparented away from us: the group kill cannot reach it. Two
 things find it again:
 
-- every process of a dispatch carries `EGRESS_HOOK_RUN=<token>` in its
-  environment (inherited through fork, exec and setsid alike); after the
-  dispatch, every process whose environment holds a finished token is killed;
+- every process of a command handler's run carries `EGRESS_HOOK_RUN=<token>`
+  in its environment (inherited through fork, exec and setsid alike); once the
+  run has finished, every process whose environment holds its token is killed;
 - the dispatcher makes itself a *child subreaper* (`PR_SET_CHILD_SUBREAPER`),
   so orphans of its hooks are reparented to it rather than to init. An orphan
   that also cleared its environment (`env -i`) is then a child of ours that is
