@@ -247,6 +247,8 @@ def _check(args: argparse.Namespace) -> int:
     prefix = len(present) > 1
     for layer, source, problem in layered.problems:
         print(f"{source} ({layer}): {problem}" if prefix else problem)
+    for layer, source, note in layered.notes:
+        print(f"note: {source} ({layer}): {note}")
     if layered.problems:
         return EXIT_PROBLEMS
     for file in present:
@@ -285,7 +287,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     load = _layers(args)
     _, event = _read_event()
     layered = load()
-    log_problems(layered.problems, _log)
+    log_problems(layered.problems, _log, layered.notes)
     config = layered.config
     tool_name = event["tool_call"]["name"]
     if not any(rule.handlers for _, rule in config.matching_rules(args.event, tool_name)):

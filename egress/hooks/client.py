@@ -165,8 +165,14 @@ def decide(address: Address, event_name: str, body: bytes) -> dict[str, Any]:
         decision = json.loads(answer)
     except ValueError:
         raise ServerUnavailable("the answer is not JSON") from None
-    if not isinstance(decision, dict) or (decision and decision.get("decision") not in ("allow", "deny")):
+    from egress.hooks import PRE_TOOL_EXECUTION
+
+    if not isinstance(decision, dict):
         raise ServerUnavailable("the answer is not a decision")
+    if event_name == PRE_TOOL_EXECUTION and decision.get("decision") not in ("allow", "deny"):
+        raise ServerUnavailable("the answer is not a decision")
+    if decision.get("decision") == "deny" and not isinstance(decision.get("reason"), str):
+        raise ServerUnavailable("the answer is a deny without a reason")
     return decision
 
 

@@ -109,13 +109,17 @@ def load_hooks(
         Path(config_path) if config_path is not None else workspace_default(workspace),
         workspace_hooks=workspace_hooks,
     )
-    log_problems(layered.problems, log)
+    log_problems(layered.problems, log, layered.notes)
     return layered.config
 
 
-def log_problems(problems: tuple[tuple[str, str, str], ...], log: LogSink) -> None:
+def log_problems(
+    problems: tuple[tuple[str, str, str], ...], log: LogSink, notes: tuple[tuple[str, str, str], ...] = ()
+) -> None:
     for layer, source, problem in problems:
         log({"msg": "hook_config_problem", "layer": layer, "source": source, "problem": problem})
+    for layer, source, note in notes:
+        log({"msg": "hook_config_note", "layer": layer, "source": source, "note": note})
 
 
 async def dispatch(
@@ -135,14 +139,17 @@ async def dispatch(
     # Serialised once, and only when something will read it.
     payload = _serialise(event)
     reaper = settings.reaper or Reaper()
-    token = reaper.start()
-    env = handler_environment(event_name, event, tool_name, token)
+    env = handler_environment(event_name, event, tool_name)
     try:
-        return await _run_plan(plan, event_name, tool_name, payload, env, deadline, budget, settings)
+        return await _run_plan(plan, event_name, tool_name, payload, env, deadline, budget, settings, reaper)
     finally:
-        reaper.finish(token)
-        if settings.reaper is None:
-            reaper.sweep()
+        # Our own reaper (HTTP hooks start no process, so only after commands): the
+        # /proc scan (~1 ms) runs beside the caller, not before the decision returns.
+        # (A caller's event loop waits for it at shutdown: asyncio.run does.)
+        if settings.reaper is None and any(isinstance(handler, CommandHandler) for _, _, handler in plan):
+            import asyncio  # already loaded: a coroutine of ours is running
+
+            asyncio.get_running_loop().run_in_executor(None, reaper.sweep)
 
 
 async def _run_plan(
@@ -154,6 +161,7 @@ async def _run_plan(
     deadline: float,
     budget: float,
     settings: DispatchSettings,
+    reaper: Reaper,
 ) -> Decision:
     for position, (group, rule, handler) in enumerate(plan):
         remaining = deadline - time.monotonic()
@@ -162,7 +170,20 @@ async def _run_plan(
         label = hook_label(group.name, group.layer, event_name, rule.index, handler)
         timeout = min(handler.timeout, remaining)
         cut = timeout < handler.timeout
-        outcome, duration_ms = await _run_handler(handler, event_name, group.name, payload, settings, timeout, env, cut)
+        # Each command handler's processes carry a token of their own, so what one
+        # leaves running is killed before the next one starts.
+        token = reaper.start() if isinstance(handler, CommandHandler) else None
+        try:
+            run_env = {**env, RUN_TOKEN_VARIABLE: token} if token is not None else env
+            outcome, duration_ms = await _run_handler(handler, event_name, group.name, payload, settings, timeout, run_env, cut)
+        finally:
+            if token is not None:
+                reaper.finish(token)
+        if token is not None and any(isinstance(h, CommandHandler) for _, _, h in plan[position + 1 :]):
+            import asyncio  # already loaded: this coroutine runs in its loop
+
+            # Tagged processes only: the idle-time orphan rules belong to the caller's sweep.
+            await asyncio.get_running_loop().run_in_executor(None, reaper.sweep, True)
         if cut and outcome.outcome == TIMEOUT:
             outcome = HandlerOutcome(TIMEOUT, failure=BUDGET_EXHAUSTED, details={**outcome.details, "budget_s": budget})
         outcome = apply_on_error(outcome, event_name, label, handler, handler.timeout, budget)
@@ -198,14 +219,15 @@ def default_budget(handlers: Any) -> float:
     return min(total, MAX_BUDGET_SECONDS)
 
 
-def handler_environment(event_name: str, event: Mapping[str, Any], tool_name: str, token: str) -> dict[str, str]:
+def handler_environment(event_name: str, event: Mapping[str, Any], tool_name: str) -> dict[str, str]:
+    """The dispatcher's environment plus what the hook is being run for (the run
+    token is added per command handler)."""
     environment_id = event.get("environment_id")
     return {
         **os.environ,
         "HOOK_EVENT": event_name,
         "HOOK_TOOL_NAME": _env_safe(tool_name),
         "HOOK_ENVIRONMENT_ID": _env_safe(environment_id) if isinstance(environment_id, str) else "",
-        RUN_TOKEN_VARIABLE: token,
     }
 
 

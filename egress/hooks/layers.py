@@ -62,6 +62,8 @@ class LayeredConfig:
     files: tuple[LoadedFile, ...]
     # (layer, source, problem) for every problem, the merge's own included.
     problems: tuple[tuple[str, str, str], ...]
+    # (layer, source, text): worth a log line, but nothing to fix (`check` still passes).
+    notes: tuple[tuple[str, str, str], ...] = ()
 
 
 def file_signature(path: str | Path) -> tuple[int, int, int, int] | None:
@@ -97,6 +99,7 @@ def load_layers(
     operator_file = _load(OPERATOR, operator)
     files = [operator_file]
     problems: list[tuple[str, str, str]] = []
+    notes: list[tuple[str, str, str]] = []
     if operator_file.config is not None:
         problems += [(OPERATOR, str(operator), p) for p in operator_file.config.problems]
     settings = operator_file.config.settings if operator_file.config is not None else Settings()
@@ -126,7 +129,7 @@ def load_layers(
     elif workspace_path is not None and not workspace_wanted:
         why = "--no-workspace-hooks" if not workspace_hooks else f'"$settings": {{"workspaceHooks": false}} in {operator}'
         if Path(workspace_path).exists() and not _same_file(operator, workspace_path):
-            problems.append((WORKSPACE, str(workspace_path), f"not loaded: {why}"))
+            notes.append((WORKSPACE, str(workspace_path), f"not loaded: {why}"))
 
     merged = HooksConfig(
         groups=tuple(groups),
@@ -134,7 +137,7 @@ def load_layers(
         source=", ".join(f.path for f in files if f.config is not None) or None,
         settings=settings,
     )
-    return LayeredConfig(config=merged, files=tuple(files), problems=tuple(problems))
+    return LayeredConfig(config=merged, files=tuple(files), problems=tuple(problems), notes=tuple(notes))
 
 
 def _load(layer: str, path: Path) -> LoadedFile:

@@ -6,9 +6,9 @@ double fork into a new session) has left the group, and once its parent shell
 exits it is reparented away from us: the group kill cannot reach it. Two
 things find it again:
 
-- every process of a dispatch carries `EGRESS_HOOK_RUN=<token>` in its
-  environment (inherited through fork, exec and setsid alike); after the
-  dispatch, every process whose environment holds a finished token is killed;
+- every process of a command handler's run carries `EGRESS_HOOK_RUN=<token>`
+  in its environment (inherited through fork, exec and setsid alike); once the
+  run has finished, every process whose environment holds its token is killed;
 - the dispatcher makes itself a *child subreaper* (`PR_SET_CHILD_SUBREAPER`),
   so orphans of its hooks are reparented to it rather than to init. An orphan
   that also cleared its environment (`env -i`) is then a child of ours that is
@@ -23,9 +23,7 @@ dispatcher runs as root.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import secrets
 import signal
 import threading
 
@@ -39,6 +37,8 @@ def become_subreaper() -> bool:
     global _subreaper
     if _subreaper:
         return True
+    import ctypes  # only here: the CLI answers most tool calls without spawning anything
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
@@ -48,6 +48,8 @@ def become_subreaper() -> bool:
 
 
 def new_token() -> str:
+    import secrets
+
     return secrets.token_hex(12)
 
 
@@ -59,6 +61,8 @@ class Reaper:
         self._active: set[str] = set()
         self._finished: set[bytes] = set()
         self._killed: set[int] = set()
+        # One pass at a time (the dispatcher sweeps between handlers in a thread).
+        self._sweeping = threading.Lock()
 
     def start(self) -> str:
         token = new_token()
@@ -71,12 +75,21 @@ class Reaper:
             self._active.discard(token)
             self._finished.add(f"{RUN_TOKEN_VARIABLE}={token}".encode())
 
-    def sweep(self) -> list[int]:
-        """One pass over /proc; returns the pids it killed. Safe to call any time."""
+    def sweep(self, tagged_only: bool = False) -> list[int]:
+        """One pass over /proc; returns the pids it killed. Safe to call any time.
+
+        `tagged_only`: kill only processes with a finished token, never the untagged
+        children of an idle subreaper - for a pass from another thread, which cannot
+        know that no handler is being started meanwhile.
+        """
+        with self._sweeping:
+            return self._sweep(tagged_only)
+
+    def _sweep(self, tagged_only: bool) -> list[int]:
         with self._lock:
             finished = self._finished
             self._finished = set()
-            idle = not self._active
+            idle = not self._active and not tagged_only
         killed: list[int] = []
         if _subreaper and idle:
             if not _has_children():
@@ -161,7 +174,7 @@ def _pids() -> list[int]:
 def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
-    except OSError:
+    except (OSError, AttributeError):  # AttributeError: not Linux (no pidfd), nothing is killed
         return None
 
 

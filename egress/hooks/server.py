@@ -141,7 +141,7 @@ class HookServer:
             reaper=self.reaper,
         )
         self.snapshot = load()
-        log_problems(self.snapshot.problems, log)
+        log_problems(self.snapshot.problems, log, self.snapshot.notes)
         # Per path: the disk state already reported as differing from the snapshot.
         self._reported: dict[str, tuple[Any, ...]] = {}
         self._sweep_pending = False
@@ -169,7 +169,7 @@ class HookServer:
                 return
         self.snapshot = new
         self._reported.clear()
-        log_problems(new.problems, self.log)
+        log_problems(new.problems, self.log, new.notes)
         self.log({"msg": "hook_config_reloaded", **self.describe()})
 
     def describe(self) -> dict[str, Any]:
@@ -185,6 +185,7 @@ class HookServer:
                 for f in self.snapshot.files
             ],
             "groups": [{"name": g.name, "layer": g.layer, "enabled": g.enabled} for g in self.snapshot.config.groups],
+            "in_flight": self.in_flight,
         }
 
     def check_disk(self) -> None:

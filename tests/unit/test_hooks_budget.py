@@ -205,3 +205,24 @@ def test_cli_kills_a_chain_of_escaped_processes(tmp_path):
     assert result.returncode == 0, result.stderr
     (pid,) = [int(p) for p in pids.read_text().split()]
     assert wait_gone(pid), f"{pid} outlived the dispatch"
+
+
+def test_the_default_budget_is_the_sum_of_the_timeouts_capped_at_600_s():
+    from egress.hooks.config import CommandHandler
+    from egress.hooks.dispatcher import default_budget
+
+    assert default_budget([CommandHandler(0, "true", timeout=1.0)] * 3) == pytest.approx(3.9)  # + 0.3 s each to stop
+    assert default_budget([CommandHandler(0, "true", timeout=30.0)] * 30) == 600
+
+
+def test_what_a_handler_left_running_is_gone_before_the_next_handler_starts(tmp_path):
+    pid_file = tmp_path / "pid"
+    first = command(f"setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $! > {pid_file}; echo '{{\"decision\": \"allow\"}}'")
+    # The second handler denies if the first one's escapee is still alive (and not a zombie).
+    second = command(
+        f'state=$(cut -d")" -f2 /proc/$(cat {pid_file})/stat 2>/dev/null | cut -d" " -f2); '
+        "if [ -n \"$state\" ] && [ \"$state\" != Z ]; then echo '{\"decision\": \"deny\", \"reason\": \"still running\"}'; "
+        "else echo '{\"decision\": \"allow\"}'; fi"
+    )
+    decision, logs, _ = run([first, second])
+    assert decision.as_json() == {"decision": "allow"}, logs

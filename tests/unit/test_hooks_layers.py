@@ -119,7 +119,9 @@ def test_the_operator_can_say_workspace_files_add_nothing(sandbox, tmp_path):
         {"type": "command", "command": f"touch {marker}; echo '{{\"decision\": \"deny\", \"reason\": \"ws\"}}'"}]}]}})  # fmt: skip
     decision, logs = dispatch_rm_rf(operator, workspace)
     assert decision == GATE_DENIES and not marker.exists()
-    assert [r["problem"] for r in logs] == [f'not loaded: "$settings": {{"workspaceHooks": false}} in {operator}']
+    assert [(r["msg"], r["note"]) for r in logs] == [
+        ("hook_config_note", f'not loaded: "$settings": {{"workspaceHooks": false}} in {operator}')
+    ]
 
 
 def test_no_workspace_hooks_flag(sandbox, tmp_path):
@@ -129,7 +131,14 @@ def test_no_workspace_hooks_flag(sandbox, tmp_path):
         {"type": "command", "command": f"touch {marker}"}]}]}})  # fmt: skip
     decision, logs = dispatch_rm_rf(operator, workspace, "--no-workspace-hooks")
     assert decision == GATE_DENIES and not marker.exists()
-    assert [r["problem"] for r in logs] == ["not loaded: --no-workspace-hooks"]
+    assert [(r["msg"], r["note"]) for r in logs] == [("hook_config_note", "not loaded: --no-workspace-hooks")]
+    # A note, not a problem: `check` passes, and says so.
+    result = egress_hooks("check", "--operator-config", str(operator), "--workspace", str(workspace), "--no-workspace-hooks")
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.decode().splitlines() == [
+        f"note: {workspace / '.agents' / 'hooks.json'} (workspace): not loaded: --no-workspace-hooks",
+        f"{operator}: ok (1 groups)",
+    ]
 
 
 def test_settings_in_the_workspace_file_are_ignored(sandbox, tmp_path):

@@ -356,3 +356,40 @@ def test_a_malformed_event_is_a_usage_error_with_the_server_too(server):
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.decode().startswith("egress-hooks: error: event on stdin is not JSON")
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", "the answer is not a decision"),
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n{"decision": "deny"}', "the answer is a deny without a reason"),
+        (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n", "answered HTTP 500"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "connection closed before a complete answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{", "connection closed in the middle of the answer"),
+    ],
+)
+def test_an_answer_that_is_no_decision_fails_open_or_closed(tmp_path, answer, error):
+    """A server that is up but answers garbage is treated like one that is down."""
+    path = tmp_path / "fake.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+
+    def serve():
+        for _ in range(2):
+            conn, _ = listener.accept()
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(answer)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        decision, logs = thin(f"unix:{path}", RM_RF)
+        assert decision == {"decision": "allow"}
+        assert logs[0]["error"].startswith(error), logs
+        decision, _ = thin(f"unix:{path}", RM_RF, "--fail-closed")
+        assert decision["decision"] == "deny" and error in decision["reason"]
+    finally:
+        listener.close()
