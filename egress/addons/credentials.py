@@ -87,17 +87,18 @@ class CredentialPlacement:
         if not (flow.request.scheme == "https" and flow.client_conn.tls and decision.injects):
             return
         placed = decision.entry.credentials
-        if not placed:
-            # Static `transform` values are not scanned for in answers: the proxy's tests (and
-            # operators debugging with an echo endpoint) read them back, as before; TRACE,
-            # the one method whose answer is the request, is refused for them (guard).
+        # Every secret this request carries is looked for in its answer, static `transform`
+        # values too: an echo endpoint or an error page repeating the Authorization header
+        # must not hand it to the sandbox.
+        found: list[str] = [secret.reveal() for secret in decision.transform.values()]
+        if not placed and not found:
             return
         if flow.request.headers.get("accept-encoding", "identity") != "identity":
             # An answer compressed on a streamed body could not be scanned for echoes.
             flow.request.headers["accept-encoding"] = "identity"
-        found: list[str] = []
-        if await self._place(flow, decision, placed, found):
-            flow.metadata[SECRETS_KEY] = found
+        if placed and not await self._place(flow, decision, placed, found):
+            return
+        flow.metadata[SECRETS_KEY] = found
 
     async def _place(self, flow: http.HTTPFlow, decision: Decision, placed: EntryCredentials, found: list[str]) -> bool:
         request = flow.request

@@ -51,3 +51,14 @@ def assert_denied(status: int, headers: dict, body: str, reason: str, host: str)
 
 def upstream_hits(lab: Lab, address: str) -> list[dict]:
     return [r for r in lab.upstream_requests() if r["local"] == address]
+
+
+def as_received(lab: Lab, echo: dict) -> dict:
+    """The upstream's own record of the request an echo answered: what it received,
+    injected credentials included. The echo itself reaches the sandbox with every injected
+    secret masked, so the upstream log is where a test sees what went on the wire."""
+    key = (echo["time"], echo["path"], echo["local"])
+    for hit in reversed(lab.upstream_requests()):
+        if (hit["time"], hit["path"], hit["local"]) == key:
+            return hit
+    raise AssertionError(f"the upstream logged no request {key}")

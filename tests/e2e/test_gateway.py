@@ -23,7 +23,7 @@ import httpx
 import pytest
 import requests
 
-from e2e.clients import client_ca_bundle, curl, upstream_hits
+from e2e.clients import as_received, client_ca_bundle, curl, upstream_hits
 from e2e.lab import EGRESS_PROXY, HOSTS, Lab, in_netns, raw_request
 from e2e.test_operations import prometheus, promql, wait_for  # noqa: F401  (prometheus is a fixture)
 
@@ -108,8 +108,9 @@ def gateway(lab: Lab):
     assert_no_secret_leaked(proxy)
 
 
-def echoed_headers(body: str) -> dict:
-    return {k.lower(): v for k, v in json.loads(body)["headers"]}
+def echoed_headers(lab: Lab, body: str) -> dict:
+    """The headers the upstream received for the request this echo answered."""
+    return {k.lower(): v for k, v in as_received(lab, json.loads(body))["headers"]}
 
 
 # -- each environment gets its own policy and secret ----------------------------------
@@ -118,9 +119,9 @@ def echoed_headers(body: str) -> dict:
 def test_each_environment_sees_only_its_own_secret(lab, gateway):
     a, b, c = as_user(gateway, "env-a", TOKEN_A), as_user(gateway, "env-b", TOKEN_B), as_user(gateway, "env-c", TOKEN_C)
     status, _, body = curl(lab, a, "https://api.example.test/a")
-    assert status == 200 and echoed_headers(body)["authorization"] == f"Bearer {CANARY_A}"
+    assert status == 200 and echoed_headers(lab, body)["authorization"] == f"Bearer {CANARY_A}"
     status, _, body = curl(lab, b, "https://api.example.test/b")
-    assert status == 200 and echoed_headers(body)["authorization"] == f"Bearer {CANARY_B}"
+    assert status == 200 and echoed_headers(lab, body)["authorization"] == f"Bearer {CANARY_B}"
     # env-c does not allowlist the host env-a and env-b share.
     status, headers, body = curl(lab, c, "https://api.example.test/c")
     assert status == 403 and headers["x-egress-denied"] == "not_allowlisted"
@@ -156,15 +157,15 @@ def test_same_host_on_one_connection_each_keeps_its_secret(lab, gateway):
             ra = client_a.get(f"https://api.example.test/ka-{i}")
             rb = client_b.get(f"https://api.example.test/kb-{i}")
             assert ra.status_code == rb.status_code == 200
-            assert {k.lower(): v for k, v in ra.json()["headers"]}["authorization"] == f"Bearer {CANARY_A}"
-            assert {k.lower(): v for k, v in rb.json()["headers"]}["authorization"] == f"Bearer {CANARY_B}"
+            assert {k.lower(): v for k, v in as_received(lab, ra.json())["headers"]}["authorization"] == f"Bearer {CANARY_A}"
+            assert {k.lower(): v for k, v in as_received(lab, rb.json())["headers"]}["authorization"] == f"Bearer {CANARY_B}"
 
 
 def test_plain_http_carries_no_proxy_credentials_upstream(lab, gateway):
     for user, token in (("env-a", TOKEN_A), ("env-b", TOKEN_B)):
         status, _, body = curl(lab, as_user(gateway, user, token), f"http://plain.test/plain-{user}")
         assert status == 200
-        assert "proxy-authorization" not in echoed_headers(body)
+        assert "proxy-authorization" not in echoed_headers(lab, body)
     hits = [r for r in upstream_hits(lab, HOSTS["plain.test"]) if r["path"].startswith("/plain-env-")]
     assert len(hits) == 2
     assert all("proxy-authorization" not in {k.lower() for k, _ in r["headers"]} for r in hits)
@@ -287,9 +288,9 @@ def test_requests_httpx_and_git_with_credentials_in_the_proxy_url(lab, gateway):
         plain = requests.get("http://plain.test/requests", proxies={"http": as_user(gateway, "env-b", TOKEN_B).url}, timeout=10)
         with httpx.Client(proxy=a.url, verify=ssl.create_default_context(cafile=str(gateway.ca)), trust_env=False, timeout=10) as client:
             rx = client.get("https://api.example.test/httpx")
-    assert r.status_code == 200 and {k.lower(): v for k, v in r.json()["headers"]}["authorization"] == f"Bearer {CANARY_A}"
+    assert r.status_code == 200 and {k.lower(): v for k, v in as_received(lab, r.json())["headers"]}["authorization"] == f"Bearer {CANARY_A}"
     assert plain.status_code == 200 and "proxy-authorization" not in {k.lower() for k, _ in plain.json()["headers"]}
-    assert rx.status_code == 200 and {k.lower(): v for k, v in rx.json()["headers"]}["authorization"] == f"Bearer {CANARY_A}"
+    assert rx.status_code == 200 and {k.lower(): v for k, v in as_received(lab, rx.json())["headers"]}["authorization"] == f"Bearer {CANARY_A}"
 
     target = lab.dir / f"clone-gw-{gateway.port}"
     out = lab.exec(
@@ -399,7 +400,7 @@ def test_reload_add_change_break_remove(lab, tmp_path):
         new_canary = "canary-a2-" + secrets.token_hex(8)
         (directory / "env-a.yaml").write_text(env_a_spec(new_canary))
         assert wait_for(
-            lambda: echoed_headers(curl(lab, a, "https://api.example.test/a3")[2]).get("authorization") == f"Bearer {new_canary}",
+            lambda: echoed_headers(lab, curl(lab, a, "https://api.example.test/a3")[2]).get("authorization") == f"Bearer {new_canary}",
             timeout=10,
         )
         # Broken: env-d keeps its last good spec, the failure is counted with it.
@@ -560,7 +561,7 @@ def test_spec_dir_with_workers(lab, tmp_path):
     try:
         for _ in range(4):
             status, _, body = curl(lab, as_user(proxy, "env-b", TOKEN_B), "https://api.example.test/w")
-            assert status == 200 and echoed_headers(body)["authorization"] == f"Bearer {CANARY_B}"
+            assert status == 200 and echoed_headers(lab, body)["authorization"] == f"Bearer {CANARY_B}"
             assert curl(lab, as_user(proxy, "env-b", TOKEN_A), "http://plain.test/w")[0] == 407
         _, exposition = proxy.get_ops("/metrics")
         assert "egress_environments 3.0" in exposition

@@ -17,7 +17,7 @@ import time
 import pytest
 from tls_hello import hello_body, records, sni_extension
 
-from e2e.clients import curl
+from e2e.clients import as_received, curl
 from e2e.lab import HOSTS, Lab, in_netns, raw_request
 
 RECORDER_PORT = 9443
@@ -279,7 +279,7 @@ def test_intercepted_tunnel_connects_upstream_once(lab, proxy):
     before = _syns_to_api(lab)
     status, headers, body = curl(lab, proxy, "https://api.example.test/one-connection")
     assert status == 200 and body, (status, headers, body, proxy.stdout()[-3000:])
-    assert dict(json.loads(body)["headers"])["Authorization"] == "Bearer passthrough-test-token"
+    assert dict(as_received(lab, json.loads(body))["headers"])["Authorization"] == "Bearer passthrough-test-token"
     assert _syns_to_api(lab) - before == 1
 
 

@@ -11,7 +11,7 @@ import ssl
 import pytest
 import requests
 
-from e2e.clients import assert_denied, curl, httpx_client, upstream_hits
+from e2e.clients import as_received, assert_denied, curl, httpx_client, upstream_hits
 from e2e.lab import CANARY_PORT, HOSTS, Lab, in_netns, raw_request
 
 SECRET = "canary-secret-7f3a9c"  # must reach api.example.test only, and never a log
@@ -209,12 +209,15 @@ def test_transform_injected_and_client_header_replaced(lab, strict):
         r = client.get("https://api.example.test/inject", headers={"Authorization": "Bearer sandbox-own"})
         other = client.get("https://telemetry.example.test/t", headers={"Authorization": "Bearer sandbox-own"})
     assert r.status_code == 200
-    auth = [v for k, v in r.json()["headers"] if k.lower() == "authorization"]
+    auth = [v for k, v in as_received(lab, r.json())["headers"] if k.lower() == "authorization"]
+    # The echo the sandbox reads has the secret masked.
+    assert SECRET not in r.text and "*" * len(SECRET) in r.text
     assert auth == [f"Bearer {SECRET}"]  # replaced, not duplicated
     # Same test, second upstream with another rule: gets its own key, never the first secret.
-    seen = json.dumps(other.json())
+    seen = json.dumps(as_received(lab, other.json()))
+    assert FILE_SECRET not in other.text  # masked in what the sandbox reads
     assert SECRET not in seen and FILE_SECRET in seen
-    assert [v for k, v in other.json()["headers"] if k.lower() == "authorization"] == ["Bearer sandbox-own"]
+    assert [v for k, v in as_received(lab, other.json())["headers"] if k.lower() == "authorization"] == ["Bearer sandbox-own"]
     for hit in lab.upstream_requests():
         if hit["local"] != HOSTS["api.example.test"]:
             assert SECRET not in json.dumps(hit)
@@ -304,7 +307,7 @@ def test_http1_through_interception_with_httpx(lab, strict):
     with in_netns(lab.proxy_ns), httpx_client(lab, strict) as client:
         r = client.get("https://api.example.test/proto")
     assert r.http_version == "HTTP/1.1"
-    assert dict(r.json()["headers"])["Authorization"] == f"Bearer {SECRET}"
+    assert dict(as_received(lab, r.json())["headers"])["Authorization"] == f"Bearer {SECRET}"
 
 
 def test_http2_through_interception_with_curl(lab, strict):
@@ -315,7 +318,7 @@ def test_http2_through_interception_with_curl(lab, strict):
     )  # fmt: skip
     body, _, summary = out.stdout.rpartition("\n")
     assert summary == "2 200", out.stderr
-    assert dict(json.loads(body)["headers"])["Authorization"] == f"Bearer {SECRET}"
+    assert dict(as_received(lab, json.loads(body))["headers"])["Authorization"] == f"Bearer {SECRET}"
 
 
 def test_websocket_upgrade_to_non_allowlisted_host(lab, strict):

@@ -15,6 +15,7 @@ import uuid
 import pytest
 from tls_hello import hello_body, records, sni_extension
 
+from e2e.clients import as_received
 from e2e.lab import HOSTS, Lab
 from e2e.transparent_lab import RESOLVER_V4, RESOLVER_V6, Sandbox
 
@@ -121,7 +122,7 @@ def test_https_with_injection(lab: Lab, sandbox: Sandbox):
     assert status == 200, body
     echo = json.loads(body)
     assert echo["local"] == HOSTS["api.example.test"]
-    assert [v for k, v in echo["headers"] if k.lower() == "authorization"] == [
+    assert [v for k, v in as_received(sandbox.lab, echo)["headers"] if k.lower() == "authorization"] == [
         f"Bearer {SECRET}"
     ]
     assert SECRET not in sandbox.proxy.stdout()
