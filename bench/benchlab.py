@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from e2e.lab import _cert, _pem, in_netns, run
+from e2e.support.lab import _cert, _pem, in_netns, run
 
 VENV_BIN = Path(sys.executable).parent
 PROXY_V4, UPSTREAM_V4 = "198.18.0.1", "198.18.0.2"

@@ -4,7 +4,7 @@ recording every unexpected answer and the proxy's memory (RSS) over time.
     sudo .venv/bin/python bench/soak.py --duration 60 --connections 64
 
 builds the end-to-end lab (network namespaces, echo upstreams on 198.18.0.0/15,
-tests/e2e/lab.py), starts `egress-proxy run`, and drives it from inside the
+tests/e2e/support/lab.py), starts `egress-proxy run`, and drives it from inside the
 proxy namespace with N worker threads, each holding at most one connection at a
 time. Workers cycle through four kinds of request, a few in a row on one
 keep-alive connection before switching (so connections are opened and closed
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print("soak: needs root (it creates network namespaces)", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT / "tests"))
-    from e2e.lab import Lab
+    from e2e.support.lab import Lab
 
     with tempfile.TemporaryDirectory(prefix="egress-soak-") as tmp:
         lab = Lab(Path(tmp))

@@ -1,7 +1,7 @@
 """What the operator reads, and what the software does, as two sets each: the flags,
 metrics, reason codes and Helm values the docs name, and the ones the real sources
 have (`--help` of the installed commands, the reason-code constants in `egress/`,
-`values.yaml`). Tests compare them (tests/unit/test_docs_match_cli.py and, for a real
+`values.yaml`). Tests compare them (tests/unit/docs/test_docs_match_cli.py and, for a real
 /metrics scrape and real audit lines, tests/e2e/test_documented_metrics.py).
 """
 

@@ -13,7 +13,7 @@ punycode (`xn--`) or non-ASCII labels (mitmproxy decodes those through IDNA, and
 the policy's IDNA cases are tested against that), a label holding a dot, a
 compressed question, another record type, trailing bytes, a response. So a packet
 is decided from these bytes only when they read the same under both parsers;
-tests/unit/test_dns_fast.py holds the two equal over a corpus of packets.
+tests/unit/dns/test_dns_fast.py holds the two equal over a corpus of packets.
 """
 
 from __future__ import annotations

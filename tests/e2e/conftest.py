@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from e2e.lab import Lab
+from e2e.support.lab import Lab
 
 pytestmark = pytest.mark.e2e
 

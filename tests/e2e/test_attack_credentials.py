@@ -24,9 +24,9 @@ import h2.connection
 import h2.events
 import pytest
 
-from e2e.clients import client_ca_bundle
-from e2e.lab import HOSTS, Lab, in_netns
-from e2e.raw_upstream import RawUpstream
+from e2e.support.clients import client_ca_bundle
+from e2e.support.lab import HOSTS, Lab, in_netns
+from e2e.support.raw_upstream import RawUpstream
 
 SECRET = "cred-canary-" + secrets.token_hex(8)
 PORT = 8443

@@ -18,8 +18,8 @@ import secrets
 
 import pytest
 
+from e2e.support.transparent_lab import RESOLVER_V4, SYSTEM_PYTHON
 from e2e.test_dns import assert_never_left, box, dig, metric, token  # noqa: F401  (box is a fixture)
-from e2e.transparent_lab import RESOLVER_V4, SYSTEM_PYTHON
 
 
 def base32_labels(payload: bytes) -> str:
@@ -147,7 +147,7 @@ def test_report_mode_relay_never_names_loopback(box, name, qtype, kept):  # noqa
     stays blocked in report mode (a connection to it is refused), and the relay passed `127.0.0.1` /
     `::1` through while an allowlisted name's answer dropped them. Metadata is kept, as a connection
     in report mode is let through to it (docs/operations.md, *Report mode*)."""
-    from e2e.lab import ProxyProcess
+    from e2e.support.lab import ProxyProcess
 
     dns_port = box.free_port()
     report = ProxyProcess(box, REPORT_SPEC, ["--dns-listen", f"127.0.0.1:{dns_port}"], env=None, name="report.yaml")

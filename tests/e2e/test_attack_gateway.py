@@ -23,7 +23,7 @@ import httpx
 import pytest
 import requests
 
-from e2e.lab import Lab, in_netns
+from e2e.support.lab import Lab, in_netns
 
 ROOT = Path(__file__).resolve().parents[2]
 UNDICI = ROOT / ".tools" / "node_modules" / "undici"  # scripts/fetch-undici.sh

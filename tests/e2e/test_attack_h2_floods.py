@@ -24,8 +24,8 @@ import h2.events
 import pytest
 from hyperframe.frame import ContinuationFrame, HeadersFrame, PingFrame, SettingsFrame
 
-from e2e.lab import HOSTS, Lab, in_netns
-from e2e.raw_upstream import RawUpstream
+from e2e.support.lab import HOSTS, Lab, in_netns
+from e2e.support.raw_upstream import RawUpstream
 
 PORT = 8443
 API = f"api.example.test:{PORT}"

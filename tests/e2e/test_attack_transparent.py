@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from e2e.lab import Lab, in_netns
-from e2e.transparent_lab import RESOLVER_V4, SANDBOX_V4, Sandbox
+from e2e.support.lab import Lab, in_netns
+from e2e.support.transparent_lab import RESOLVER_V4, SANDBOX_V4, Sandbox
 
 SPEC = """
 network:

@@ -1,6 +1,6 @@
 """End-to-end: second red-team pass on what a CONNECT tunnel carries before the proxy has decided.
 
-The first pass (test_passthrough.py, test_attack_corpus.py) checked the server_name of
+The first pass (test_passthrough.py, test_attack_ssrf_and_smuggling.py) checked the server_name of
 well-formed ClientHellos. Here the attacker shapes the *first bytes* of the tunnel so the
 proxy's "is this TLS?" question gets the wrong answer while the upstream server still
 reads TLS (or HTTP): record versions real servers accept but mitmproxy's check does not,
@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from e2e.lab import CANARY_PORT, HOSTS, Lab, in_netns
+from e2e.support.lab import CANARY_PORT, HOSTS, Lab, in_netns
 
 SECRET = "rt2-secret-" + uuid.uuid4().hex[:12]
 SPEC = f"""
@@ -375,7 +375,7 @@ print(out.hex())
 
 @pytest.fixture(scope="module")
 def sandbox(lab: Lab):
-    from e2e.transparent_lab import Sandbox
+    from e2e.support.transparent_lab import Sandbox
 
     box = Sandbox(lab)
     try:

@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from e2e.clients import curl
-from e2e.lab import HOSTS, Lab, run
+from e2e.support.clients import curl
+from e2e.support.lab import HOSTS, Lab, run
 from e2e.test_credentials_tokens import (  # noqa: F401  (fixtures)
     CANARY,
     TOKEN_HOST,

@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from e2e.clients import client_ca_bundle, curl
-from e2e.credentials_lab import add_host
-from e2e.lab import HERE, VENV_BIN, Lab, _terminate
+from e2e.support.clients import client_ca_bundle, curl
+from e2e.support.credentials_lab import add_host
+from e2e.support.lab import HERE, VENV_BIN, Lab, _terminate
 
-ADDRESS, PORT = "198.18.0.32", 9444
+ADDRESS, PORT = "198.18.0.62", 9444  # .30-.34 belong to test_reliability.py
 S3, STS = f"https://s3.example.test:{PORT}", f"https://sts.example.test:{PORT}"
 SQS = f"https://sqs.example.test:{PORT}"
 SETUP = """
@@ -52,7 +52,7 @@ def start_moto(lab: Lab, cmd: list[str], env: dict):
     import subprocess
     import time
 
-    from e2e.lab import in_netns
+    from e2e.support.lab import in_netns
 
     proc = subprocess.Popen(["ip", "netns", "exec", lab.upstream_ns, *cmd], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env)  # fmt: skip

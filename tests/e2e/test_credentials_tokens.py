@@ -15,16 +15,16 @@ import time
 
 import pytest
 
-from e2e.clients import client_ca_bundle, curl, upstream_hits
-from e2e.credentials_lab import add_host, rsa_key_pair, start_in_upstream, token_server_cmd
-from e2e.lab import HOSTS, Lab, _terminate
+from e2e.support.clients import client_ca_bundle, curl, upstream_hits
+from e2e.support.credentials_lab import add_host, rsa_key_pair, start_in_upstream, token_server_cmd
+from e2e.support.lab import HOSTS, Lab, _terminate
 
 CANARY = "canary" + secrets.token_hex(8)
 MAPS_KEY = "maps-" + CANARY
 TG_TOKEN = "123456:tg-" + CANARY
 LIFETIME = 3.0
-TOKEN_HOST, TOKEN_ADDRESS = "token.example.test", "198.18.0.30"
-DOWN_HOST, DOWN_ADDRESS = "down.example.test", "198.18.0.31"
+TOKEN_HOST, TOKEN_ADDRESS = "token.example.test", "198.18.0.60"  # .30-.34: test_reliability.py
+DOWN_HOST, DOWN_ADDRESS = "down.example.test", "198.18.0.61"
 GIT_HOST = "git.example.test"  # the token server's git http-backend, Basic auth required
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.dns_lab import PUBLIC_RESOLVER_V4, SINK_V4, STUB_V4, DnsSandbox, redirected_sandbox
-from e2e.lab import Lab, in_netns
-from e2e.transparent_lab import RESOLVER_V4, RESOLVER_V6, SYSTEM_PYTHON
+from e2e.support.dns_lab import PUBLIC_RESOLVER_V4, SINK_V4, STUB_V4, DnsSandbox, redirected_sandbox
+from e2e.support.lab import Lab, in_netns
+from e2e.support.transparent_lab import RESOLVER_V4, RESOLVER_V6, SYSTEM_PYTHON
 
 SPEC = """
 network:
@@ -438,7 +438,7 @@ def test_workers_one_of_them_serves_dns(lab: Lab):
 
 
 def test_report_mode_forwards_and_counts_reported(box: DnsSandbox):
-    from e2e.lab import ProxyProcess
+    from e2e.support.lab import ProxyProcess
 
     dns_port = box.free_port()
     report = ProxyProcess(box, SPEC.replace("network:\n", "network:\n  mode: report\n"),
@@ -493,7 +493,7 @@ CLIENT_RULES = """table inet egress_test_policy {{
 
 @pytest.fixture(scope="module")
 def gateway(box: DnsSandbox, lab: Lab):
-    from e2e.lab import ProxyProcess, run
+    from e2e.support.lab import ProxyProcess, run
 
     client_ns, vc, vg = f"egc-{lab.id}", f"vc{lab.id}", f"vg{lab.id}"
     etc = Path("/etc/netns") / client_ns
@@ -529,7 +529,7 @@ def gateway(box: DnsSandbox, lab: Lab):
 
 
 def in_client(client_ns: str, *cmd: str) -> subprocess.CompletedProcess:
-    from e2e.transparent_lab import CLIENT_ENV, NOBODY
+    from e2e.support.transparent_lab import CLIENT_ENV, NOBODY
 
     return subprocess.run(["ip", "netns", "exec", client_ns, *NOBODY, *cmd],
                           capture_output=True, text=True, timeout=30, env=CLIENT_ENV)  # fmt: skip
@@ -583,7 +583,7 @@ def test_an_error_in_the_hook_fails_closed(box: DnsSandbox):
     nothing is forwarded, the error is counted and the listener keeps answering. The
     fault fires in the layer's synchronous half (`answer_now`, guarded as the hook):
     an allowlisted name and a blocked one, each counted once, never twice."""
-    from e2e.lab import ProxyProcess
+    from e2e.support.lab import ProxyProcess
 
     dns_port = box.free_port()
     faulty = ProxyProcess(box, SPEC, ["--dns-listen", f"127.0.0.1:{dns_port}"],

@@ -3,7 +3,7 @@
 Stub resolvers differ in the query shapes they send and in what they insist on in
 an answer (ID, question echo, RD/RA/AD/CD, EDNS OPT echo and size, TC and TCP
 fallback, TCP framing and pipelining, parallel A+AAAA on one socket, search lists).
-Each row of `CLIENTS` is one real client in the sandbox of tests/e2e/dns_lab.py, as
+Each row of `CLIENTS` is one real client in the sandbox of tests/e2e/support/dns_lab.py, as
 `nobody`, behind `redirect-rules --dns-port`: an allowlisted name resolves to its
 address, a name the allowlist does not match fails cleanly (NXDOMAIN, at once, with
 few queries: no retry storm) and never reaches a resolver.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.dns_lab import DnsSandbox, redirected_sandbox
-from e2e.lab import Lab
-from e2e.transparent_lab import RESOLVER_V4, SYSTEM_PYTHON
+from e2e.support.dns_lab import DnsSandbox, redirected_sandbox
+from e2e.support.lab import Lab
+from e2e.support.transparent_lab import RESOLVER_V4, SYSTEM_PYTHON
 
 SPEC = """
 network:

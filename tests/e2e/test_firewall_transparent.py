@@ -27,9 +27,9 @@ import uuid
 
 import pytest
 
-from e2e.dns_lab import DnsSandbox
-from e2e.lab import HOSTS, Lab, in_netns
-from e2e.transparent_lab import CLIENT_ENV, RESOLVER_V4, SANDBOX_V4, SANDBOX_V6, SYSTEM_PYTHON
+from e2e.support.dns_lab import DnsSandbox
+from e2e.support.lab import HOSTS, Lab, in_netns
+from e2e.support.transparent_lab import CLIENT_ENV, RESOLVER_V4, SANDBOX_V4, SANDBOX_V6, SYSTEM_PYTHON
 
 SPEC = """
 network:

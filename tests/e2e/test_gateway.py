@@ -23,8 +23,8 @@ import httpx
 import pytest
 import requests
 
-from e2e.clients import as_received, client_ca_bundle, curl, upstream_hits
-from e2e.lab import EGRESS_PROXY, HOSTS, Lab, in_netns, raw_request
+from e2e.support.clients import as_received, client_ca_bundle, curl, upstream_hits
+from e2e.support.lab import EGRESS_PROXY, HOSTS, Lab, in_netns, raw_request
 from e2e.test_operations import prometheus, promql, wait_for  # noqa: F401  (prometheus is a fixture)
 
 CANARY_A = "canary-a-" + secrets.token_hex(8)

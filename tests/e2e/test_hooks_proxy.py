@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.lab import CANARY_PORT, HOSTS, Lab
+from e2e.support.lab import CANARY_PORT, HOSTS, Lab
 
 SECRET = "hooks-telemetry-secret-93ad"
 SPEC = """

@@ -1,6 +1,6 @@
 """examples/hooks-scenarios/run.py, the seed's three hook scenarios as one command, run as
 a newcomer runs it: the real egress-proxy, egress-hooks serve and the thin client, on
-loopback only (no namespaces, no root). Self-contained: nothing from e2e.lab."""
+loopback only (no namespaces, no root). Self-contained: nothing from e2e.support.lab."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.clients import as_received, assert_denied, curl, httpx_client, upstream_hits
-from e2e.lab import CANARY_PORT, HOSTS, VENV_BIN, Lab, ProxyProcess, in_netns
+from e2e.support.clients import as_received, assert_denied, curl, httpx_client, upstream_hits
+from e2e.support.lab import CANARY_PORT, HOSTS, VENV_BIN, Lab, ProxyProcess, in_netns
 from e2e.test_operations import metric_value
 
 REPO = Path(__file__).resolve().parents[2]

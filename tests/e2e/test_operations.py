@@ -14,8 +14,8 @@ import urllib.parse
 
 import pytest
 
-from e2e.clients import assert_denied, curl, httpx_client
-from e2e.lab import HOSTS, Lab, in_netns
+from e2e.support.clients import assert_denied, curl, httpx_client
+from e2e.support.lab import HOSTS, Lab, in_netns
 
 SECRET = "ops-canary-secret-0c9d1e"
 

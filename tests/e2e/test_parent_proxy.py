@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.clients import assert_denied, curl
-from e2e.lab import HOSTS, UPSTREAM_V4, Lab, _terminate, in_netns, raw_request, run
+from e2e.support.clients import assert_denied, curl
+from e2e.support.lab import HOSTS, UPSTREAM_V4, Lab, _terminate, in_netns, raw_request, run
 
 SQUID = "/usr/sbin/squid"
 NCSA = "/usr/lib/squid/basic_ncsa_auth"
@@ -272,7 +272,7 @@ def test_the_password_is_not_on_the_command_line(lab, chained):
 
 @pytest.fixture(scope="module")
 def transparent_chained(lab: Lab, password_file: Path):
-    from e2e.transparent_lab import SANDBOX_GW_V4, SANDBOX_V4, Sandbox
+    from e2e.support.transparent_lab import SANDBOX_GW_V4, SANDBOX_V4, Sandbox
 
     parent = Squid(lab, lab.upstream_ns, listen=SANDBOX_GW_V4, client=SANDBOX_V4, source=UPSTREAM_V4)
     box = Sandbox(lab)

@@ -17,8 +17,8 @@ import time
 import pytest
 from tls_hello import hello_body, records, sni_extension
 
-from e2e.clients import as_received, curl
-from e2e.lab import HOSTS, Lab, in_netns, raw_request
+from e2e.support.clients import as_received, curl
+from e2e.support.lab import HOSTS, Lab, in_netns, raw_request
 
 RECORDER_PORT = 9443
 BLACKHOLE = "198.18.0.42"  # SYNs dropped by a firewall rule in the upstream namespace

@@ -11,8 +11,8 @@ import ssl
 import pytest
 import requests
 
-from e2e.clients import as_received, assert_denied, curl, httpx_client, upstream_hits
-from e2e.lab import CANARY_PORT, HOSTS, Lab, in_netns, raw_request
+from e2e.support.clients import as_received, assert_denied, curl, httpx_client, upstream_hits
+from e2e.support.lab import CANARY_PORT, HOSTS, Lab, in_netns, raw_request
 
 SECRET = "canary-secret-7f3a9c"  # must reach api.example.test only, and never a log
 FILE_SECRET = "file-secret-51b2e0"

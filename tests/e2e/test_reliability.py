@@ -16,8 +16,8 @@ import h2.connection
 import h2.events
 import pytest
 
-from e2e.clients import assert_denied, curl
-from e2e.lab import HERE, HOSTS, Lab, _terminate, in_netns, raw_request
+from e2e.support.clients import assert_denied, curl
+from e2e.support.lab import HERE, HOSTS, Lab, _terminate, in_netns, raw_request
 
 FAULT_HOSTS = {
     "refused.fault.test": "198.18.0.30",  # address up, nothing listening: RST to the SYN

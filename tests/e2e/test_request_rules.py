@@ -1,6 +1,6 @@
 """End-to-end: request rules (SPEC §8) with real clients against a real nginx.
 
-The upstream is nginx in the lab's upstream namespace (`e2e.nginx_upstream`): `git
+The upstream is nginx in the lab's upstream namespace (`e2e.support.nginx_upstream`): `git
 http-backend` over HTTPS for `git clone` / `fetch` / `push`, and a catch-all that records
 what nginx routed on. Every path trick is sent through the real proxy by curl or a raw
 socket, and checked against what nginx itself received: a request the proxy lets through
@@ -23,10 +23,10 @@ import h2.connection
 import h2.events
 import pytest
 
-from e2e.clients import client_ca_bundle, curl
-from e2e.lab import HOSTS, Lab, in_netns, raw_request
-from e2e.nginx_upstream import NginxUpstream, head, refs
-from e2e.transparent_lab import Sandbox
+from e2e.support.clients import client_ca_bundle, curl
+from e2e.support.lab import HOSTS, Lab, in_netns, raw_request
+from e2e.support.nginx_upstream import NginxUpstream, head, refs
+from e2e.support.transparent_lab import Sandbox
 from egress.policy import request_rules as rr
 
 HTTPS, HTTP = 9443, 9080

@@ -19,8 +19,8 @@ import time
 import httpx
 import pytest
 
-from e2e.clients import client_ca_bundle
-from e2e.lab import Lab, in_netns
+from e2e.support.clients import client_ca_bundle
+from e2e.support.lab import Lab, in_netns
 
 SECRET = "stream-secret-4c1d9e"
 SPEC = """

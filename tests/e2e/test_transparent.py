@@ -15,9 +15,9 @@ import uuid
 import pytest
 from tls_hello import hello_body, records, sni_extension
 
-from e2e.clients import as_received
-from e2e.lab import HOSTS, Lab
-from e2e.transparent_lab import RESOLVER_V4, RESOLVER_V6, Sandbox
+from e2e.support.clients import as_received
+from e2e.support.lab import HOSTS, Lab
+from e2e.support.transparent_lab import RESOLVER_V4, RESOLVER_V6, Sandbox
 
 SECRET = "transparent-secret-4e81d2"
 SPEC = """

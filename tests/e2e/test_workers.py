@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from e2e.lab import in_netns, raw_request
+from e2e.support.lab import in_netns, raw_request
 from e2e.test_operations import metric_value, wait_for
 
 SECRET = "workers-canary-secret-5b1f"

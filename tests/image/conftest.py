@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.lab import Lab
+from e2e.support.lab import Lab
 from image.podman_util import (
     REQUIRE_ENV,
     build_image,

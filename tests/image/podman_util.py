@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from e2e.lab import hosts_file_text, http_get_in_netns
+from e2e.support.lab import hosts_file_text, http_get_in_netns
 
 REPO = Path(__file__).resolve().parents[2]
 PODMAN = str(REPO / "scripts" / "podman.sh")

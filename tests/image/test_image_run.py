@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.lab import HOSTS, Lab
+from e2e.support.lab import HOSTS, Lab
 from image.podman_util import (
     container_logs,
     hosts_file,

@@ -25,9 +25,9 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
-from e2e.lab import HERE as E2E_DIR
-from e2e.lab import HOSTS, Lab, run
-from e2e.transparent_lab import RESOLVER_V4, SANDBOX_GW_V4, SANDBOX_V4, Sandbox
+from e2e.support.lab import HERE as E2E_DIR
+from e2e.support.lab import HOSTS, Lab, run
+from e2e.support.transparent_lab import RESOLVER_V4, SANDBOX_GW_V4, SANDBOX_V4, Sandbox
 from helm.chart_util import find_helm, helm_template, one, pod_spec
 from image.kube_pod import KubePod, objects_from_manifests
 from image.podman_util import hosts_file, podman, remove_pod

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.lab import in_netns
+from e2e.support.lab import in_netns
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ response. Pinned byte for byte: status line, header names, order and values, bod
 A change here changes the public contract (SPEC §3 and §7, docs/decisions.md), so it must be
 deliberate. The end-to-end versions (real proxy, real clients) are in
 tests/e2e/test_proxy_core.py, test_gateway.py, test_passthrough.py,
-test_reliability.py, test_parent_proxy.py and test_attack_corpus.py.
+test_reliability.py, test_parent_proxy.py and test_attack_ssrf_and_smuggling.py.
 """
 
 from __future__ import annotations

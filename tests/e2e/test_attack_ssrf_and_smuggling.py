@@ -27,7 +27,7 @@ import h2.connection
 import h2.events
 import pytest
 
-from e2e.lab import CANARY_PORT, EGRESS_PROXY, HOSTS, Lab, in_netns, raw_request
+from e2e.support.lab import CANARY_PORT, EGRESS_PROXY, HOSTS, Lab, in_netns, raw_request
 
 CANARY_SECRET = "atk-canary-" + secrets.token_hex(8)
 TOKEN = "atk-tok:" + secrets.token_hex(8)  # a colon inside the token: only the first one separates

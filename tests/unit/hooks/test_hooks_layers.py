@@ -14,7 +14,7 @@ import pytest
 import egress
 from egress.hooks.layers import load_layers
 
-FIXTURES = Path(__file__).resolve().parent.parent / "hooks"
+FIXTURES = Path(__file__).resolve().parents[2] / "hooks"
 PAYLOADS = FIXTURES / "payloads"
 PYTHON = shlex.quote(sys.executable)
 SOURCE_ROOT = str(Path(egress.__file__).resolve().parent.parent)

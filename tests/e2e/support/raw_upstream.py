@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from e2e.lab import Lab, in_netns
+from e2e.support.lab import Lab, in_netns
 
 
 def ok(head: bytes) -> bytes:

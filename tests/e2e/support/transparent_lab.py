@@ -23,7 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from e2e.lab import (
+from e2e.support.lab import (
     EGRESS_PROXY,
     HERE,
     Lab,

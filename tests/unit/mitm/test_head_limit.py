@@ -1,7 +1,7 @@
 """egress.mitm.patches.head_limit._head_over_limit: the HTTP/1 head bound, complete heads included.
 
 The end-to-end versions are tests/e2e/test_reliability.py::test_oversized_request_head_gets_431
-(a head still incomplete) and tests/e2e/test_attack_corpus.py (`head-over-64k`: a complete
+(a head still incomplete) and tests/e2e/test_attack_ssrf_and_smuggling.py (`head-over-64k`: a complete
 70 KB head sent at once, which went through to the upstream before).
 """
 

@@ -11,7 +11,7 @@ import pytest
 
 import egress
 
-FIXTURES = Path(__file__).resolve().parent.parent / "hooks"
+FIXTURES = Path(__file__).resolve().parents[2] / "hooks"
 PAYLOADS = FIXTURES / "payloads"
 PYTHON = shlex.quote(sys.executable)
 SOURCE_ROOT = str(Path(egress.__file__).resolve().parent.parent)

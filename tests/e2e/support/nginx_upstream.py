@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from e2e.lab import Lab, _terminate, run
+from e2e.support.lab import Lab, _terminate, run
 
 GIT_HTTP_BACKEND = "/usr/lib/git-core/git-http-backend"
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from egress.hooks.config import parse_config
 from egress.hooks.dispatcher import Decision, DispatchSettings, dispatch, load_hooks
 
-FIXTURES = Path(__file__).resolve().parent.parent / "hooks"
+FIXTURES = Path(__file__).resolve().parents[2] / "hooks"
 PAYLOADS = FIXTURES / "payloads"
 PYTHON = shlex.quote(sys.executable)
 PRE = "pre_tool_execution"

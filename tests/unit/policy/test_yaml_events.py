@@ -14,7 +14,7 @@ import yaml
 from egress.policy import yaml_events
 from egress.policy.spec import _MAX_DEPTH, _YAML_LOADER, SpecError, parse_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOADERS = [yaml.SafeLoader] + ([yaml.CSafeLoader] if hasattr(yaml, "CSafeLoader") else [])
 
 # Documents the fast path must build itself (never fall back), one YAML 1.1 corner each.

@@ -20,7 +20,7 @@ import pytest
 import egress
 from egress.hooks import client
 
-FIXTURES = Path(__file__).resolve().parent.parent / "hooks"
+FIXTURES = Path(__file__).resolve().parents[2] / "hooks"
 PAYLOADS = FIXTURES / "payloads"
 PYTHON = shlex.quote(sys.executable)
 SOURCE_ROOT = str(Path(egress.__file__).resolve().parent.parent)

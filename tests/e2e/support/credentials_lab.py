@@ -11,7 +11,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from e2e.lab import HERE, Lab, run
+from e2e.support.lab import HERE, Lab, run
 
 
 def add_host(lab: Lab, name: str, address: str) -> None:

@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from e2e.lab import Lab, ProxyProcess, in_netns, run
-from e2e.transparent_lab import RESOLVER_V4, RESOLVER_V6, SANDBOX_GW_V4, SANDBOX_GW_V6, Sandbox
+from e2e.support.lab import Lab, ProxyProcess, in_netns, run
+from e2e.support.transparent_lab import RESOLVER_V4, RESOLVER_V6, SANDBOX_GW_V4, SANDBOX_GW_V6, Sandbox
 
 PUBLIC_RESOLVER_V4 = "198.18.0.54"
 SINK_V4 = "198.18.0.55"

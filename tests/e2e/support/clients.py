@@ -7,7 +7,7 @@ import ssl
 
 import httpx
 
-from e2e.lab import Lab
+from e2e.support.lab import Lab
 
 
 def client_ca_bundle(lab: Lab, proxy) -> str:

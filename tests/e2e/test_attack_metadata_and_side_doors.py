@@ -1,7 +1,7 @@
 """End-to-end attack corpus: cloud-metadata and in-cluster targets, URL-parser
 confusions, and encrypted-DNS / QUIC side doors, through every entry point of the real proxy.
 
-Rows are only those the earlier tables (test_attack_corpus.py and the other test_attack_*.py)
+Rows are only those the earlier tables (test_attack_ssrf_and_smuggling.py and the other test_attack_*.py)
 do not hold. Sources:
 - PayloadsAllTheThings, "Server Side Request Forgery" / "SSRF Cloud Instances" (AWS IMDS and
   ECS, GCP, Azure, Alibaba, Oracle, Tencent, DigitalOcean, Hetzner, OpenStack, Kubernetes,
@@ -36,9 +36,9 @@ import uuid
 
 import pytest
 
-from e2e.lab import CANARY_PORT, EGRESS_PROXY, HOSTS, UPSTREAM_V4, Canary, Lab, raw_request
-from e2e.raw_upstream import RawUpstream
-from e2e.test_attack_corpus import (  # noqa: F401  (strict is a fixture)
+from e2e.support.lab import CANARY_PORT, EGRESS_PROXY, HOSTS, UPSTREAM_V4, Canary, Lab, raw_request
+from e2e.support.raw_upstream import RawUpstream
+from e2e.test_attack_ssrf_and_smuggling import (  # noqa: F401  (strict is a fixture)
     _h2_request,
     _h2_streams,
     status_and_reason,
@@ -431,7 +431,7 @@ ATTACKER = HOSTS["evilexample.test"]  # not allowlisted: where the sandbox's pac
 
 @pytest.fixture(scope="module")
 def sandbox(lab: Lab):
-    from e2e.transparent_lab import Sandbox
+    from e2e.support.transparent_lab import Sandbox
 
     box = Sandbox(lab)
     try:
