@@ -28,6 +28,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 
 from egress.credentials.aws_sigv4 import AwsKeys
+from egress.policy import reasons
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 # Streaming forms whose chunks carry no signature of their own: the seed signature is all.
@@ -48,8 +49,9 @@ class Unsignable(Exception):
         self.reason = reason
 
 
-PRESIGNED = "presigned_url"
-UNSIGNABLE = "unsignable_request"
+# The reasons these refusals carry (defined with every other reason code).
+PRESIGNED = reasons.PRESIGNED_URL
+UNSIGNABLE = reasons.UNSIGNABLE_REQUEST
 
 
 def is_presigned(query: str) -> bool:
