@@ -20,6 +20,7 @@ import time
 import uuid
 
 import pytest
+from http_head import recv_head
 
 from e2e.support.lab import CANARY_PORT, HOSTS, Lab, in_netns, listen_tcp, serve_connections
 
@@ -49,12 +50,7 @@ def connect(lab: Lab, proxy, host: str, port: int) -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(1)
-        if not chunk:
-            break
-        answer += chunk
+    answer = recv_head(sock, chunk_size=1)  # byte by byte: the tunnel's bytes follow the head
     assert answer.startswith(b"HTTP/1.1 200"), answer
     return sock
 

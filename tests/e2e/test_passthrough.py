@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from http_head import recv_head
 from tls_hello import hello_body, records, sni_extension
 
 from e2e.support.clients import as_received, curl
@@ -101,12 +102,7 @@ def _connect(lab: Lab, proxy, host: str, port: int) -> tuple[socket.socket, byte
     with in_netns(lab.proxy_ns):
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
     sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        answer += chunk
+    answer = recv_head(sock)
     head, _, body = answer.partition(b"\r\n\r\n")
     for line in head.split(b"\r\n"):
         if line.lower().startswith(b"content-length:"):
