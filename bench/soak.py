@@ -40,17 +40,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The e2e lab (network namespaces, test hosts, the spec helper) lives under tests/.
+sys.path.insert(0, str(ROOT / "tests"))
+from e2e.support.lab import allowlist_spec, bearer  # noqa: E402
+
 TOKEN = "soak-token-3d91f0"
-SPEC = """
-network:
-  allowCidrs: ["198.18.0.0/15"]
-  allowlist:
-    - domain: api.example.test
-      transform:
-        Authorization: "Bearer ${env:EGRESS_SOAK_TOKEN}"
-    - domain: "*.example.test"
-    - domain: plain.test
-"""
+SPEC = allowlist_spec(("api.example.test", bearer("EGRESS_SOAK_TOKEN")), "*.example.test", "plain.test")
 # kind -> (url, expected status, expected upstream address or None, credential expected)
 KINDS = {
     "passthrough": ("https://a.example.test/soak", 200, "198.18.0.11", False),
@@ -215,7 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("soak: needs root (it creates network namespaces)", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(ROOT / "tests"))
     from e2e.support.lab import Lab
 
     with tempfile.TemporaryDirectory(prefix="egress-soak-") as tmp:

@@ -6,28 +6,11 @@ Not a benchmark: one 1-second run per section, figures are not checked.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_smoke_produces_results_tables(tmp_path):
-    if os.geteuid() != 0:
-        pytest.fail("the benchmark harness needs root (network namespaces)")
-    missing = [t for t in ("nginx", "wrk", "hey", "ip") if shutil.which(t) is None]
-    assert not missing, f"tools missing (scripts/test.sh installs them): {missing}"
+def test_bench_smoke_produces_results_tables(tmp_path, run_bench):
     out = tmp_path / "benchmarks.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "proxy_bench.py"), "--smoke", "--output", str(out)],
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_bench("proxy_bench.py", "--smoke", "--output", str(out), timeout=180, tools=("nginx", "wrk", "hey", "ip"))
     text = out.read_text()
     assert "SMOKE MODE" in text
     for heading in ("## Machine", "## Targets", "## Throughput", "## Allowlist scale", "## Workers"):
@@ -42,32 +25,22 @@ def test_bench_smoke_produces_results_tables(tmp_path):
     assert float(raw["machine"]["egress credential injections seen in /metrics (sanity)"].replace(",", "")) > 0
 
 
-def test_gateway_bench_smoke(tmp_path):
+def test_gateway_bench_smoke(tmp_path, run_bench):
     """The --spec-dir benchmark harness runs end to end (50 environments, 1-second runs; figures not checked)."""
-    if os.geteuid() != 0:
-        pytest.fail("the benchmark harness needs root (network namespaces)")
     out = tmp_path / "gateway.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gateway_bench.py"), "--environments", "50", "--duration", "1",
-         "--rounds", "1", "--conns", "2", "--out", str(out)],
-        capture_output=True, text=True, timeout=240, check=False,
+    run_bench(
+        "gateway_bench.py", "--environments", "50", "--duration", "1", "--rounds", "1", "--conns", "2", "--out", str(out),
+        timeout=240,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()
     for row in ("| RSS 50 / one |", "| throughput plain HTTP (wrk)", "| reload one file of 50 ", "errors 0/0"):
         assert row in text, (row, text)
 
 
-def test_request_rules_bench_smoke(tmp_path):
+def test_request_rules_bench_smoke(tmp_path, run_bench):
     """The request-rules benchmark runs end to end (one 1-second round per proxy; figures not checked)."""
-    if os.geteuid() != 0:
-        pytest.fail("the benchmark harness needs root (network namespaces)")
     out = tmp_path / "rules.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "request_rules_bench.py"), "--smoke", "--output", str(out)],
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_bench("request_rules_bench.py", "--smoke", "--output", str(out), timeout=180)
     text = out.read_text()
     assert "Sanity: a `POST` through the ruled proxy answered `403 request_not_allowed`." in text
     assert "| 1 |" in text and "## One `RequestRules.check`" in text

@@ -22,6 +22,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 import requests
+from http_head import recv_head
 
 from e2e.support.lab import Lab, in_netns
 
@@ -259,11 +260,9 @@ def read_response(sock: socket.socket) -> bytes:
     data = b""
     sock.settimeout(5)
     try:
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return data
-            data += chunk
+        data = recv_head(sock)
+        if b"\r\n\r\n" not in data:
+            return data  # EOF before a whole head
         head, _, body = data.partition(b"\r\n\r\n")
         length = next((int(v) for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")) if k.lower() == b"content-length"), 0)
         while len(body) < length:

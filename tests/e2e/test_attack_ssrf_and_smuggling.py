@@ -26,6 +26,7 @@ import h2.config
 import h2.connection
 import h2.events
 import pytest
+from http_head import recv_head
 
 from e2e.support.lab import CANARY_PORT, EGRESS_PROXY, HOSTS, Lab, in_netns, raw_request
 
@@ -441,12 +442,7 @@ def _answer_to_head(lab: Lab, port: int, head: bytes) -> tuple[bytes, float, soc
         sock = socket.create_connection(("127.0.0.1", port), timeout=8)
     start = time.monotonic()
     sock.sendall(head)
-    out = b""
-    while b"\r\n\r\n" not in out:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        out += chunk
+    out = recv_head(sock)
     return out, time.monotonic() - start, sock
 
 

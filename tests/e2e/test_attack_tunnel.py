@@ -16,13 +16,13 @@ import hashlib
 import socket
 import ssl
 import subprocess
-import threading
 import time
 import uuid
 
 import pytest
+from http_head import recv_head
 
-from e2e.support.lab import CANARY_PORT, HOSTS, Lab, in_netns
+from e2e.support.lab import CANARY_PORT, HOSTS, Lab, in_netns, listen_tcp, serve_connections
 
 SECRET = "rt2-secret-" + uuid.uuid4().hex[:12]
 SPEC = f"""
@@ -50,12 +50,7 @@ def connect(lab: Lab, proxy, host: str, port: int) -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(1)
-        if not chunk:
-            break
-        answer += chunk
+    answer = recv_head(sock, chunk_size=1)  # byte by byte: the tunnel's bytes follow the head
     assert answer.startswith(b"HTTP/1.1 200"), answer
     return sock
 
@@ -597,24 +592,12 @@ class Switcher:
     than 13 (a lenient server) get a 101; anything else a 200. Records every byte after a switch."""
 
     def __init__(self, lab: Lab):
-        with in_netns(lab.upstream_ns):
-            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((HOSTS["plain.test"], SWITCH_PORT))
-        self.sock.listen(16)
+        self.sock = listen_tcp(lab.upstream_ns, HOSTS["plain.test"], SWITCH_PORT, backlog=16)
         self.after_switch = bytearray()
         self.switched = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        serve_connections(self.sock, self._serve)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, _peer) -> None:
         conn.settimeout(10)
         buf = b""
         try:

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
+from http_head import recv_head
 
 from e2e.support.clients import as_received, client_ca_bundle, curl, upstream_hits
 from e2e.support.lab import EGRESS_PROXY, HOSTS, Lab, in_netns, raw_request
@@ -226,12 +227,9 @@ def test_environment_without_token_refuses_everyone(lab, tmp_path):
 
 
 def _read_response(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
+    data = recv_head(sock)
+    if b"\r\n\r\n" not in data:
+        return data  # EOF before a whole head
     status, headers, body = parse(data)
     length = int(headers.get("content-length", "0"))
     while len(body) < length:

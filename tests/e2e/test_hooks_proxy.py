@@ -10,18 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.support.lab import CANARY_PORT, HOSTS, Lab
+from e2e.support.lab import CANARY_PORT, HOSTS, Lab, allowlist_spec, bearer
 
 SECRET = "hooks-telemetry-secret-93ad"
-SPEC = """
-network:
-  allowCidrs: ["198.18.0.0/15"]
-  allowlist:
-    - domain: telemetry.example.test
-      transform:
-        Authorization: "Bearer ${env:TELEMETRY_TOKEN}"
-    - domain: "*"
-"""
+SPEC = allowlist_spec(("telemetry.example.test", bearer("TELEMETRY_TOKEN")), "*")
 EVENT = {"tool_call": {"name": "write_file", "args": {"path": "/workspace/out.txt", "content": "x"}}, "environment_id": "env-1"}
 EGRESS_HOOKS = str(Path(sys.executable).parent / "egress-hooks")
 

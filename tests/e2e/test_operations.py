@@ -15,19 +15,11 @@ import urllib.parse
 import pytest
 
 from e2e.support.clients import assert_denied, curl, httpx_client
-from e2e.support.lab import HOSTS, Lab, in_netns
+from e2e.support.lab import HOSTS, Lab, allowlist_spec, bearer, in_netns
 
 SECRET = "ops-canary-secret-0c9d1e"
 
-OPS_SPEC = """
-network:
-  allowCidrs: ["198.18.0.0/15"]
-  allowlist:
-    - domain: api.example.test
-      transform: {Authorization: "Bearer ${env:OPS_TOKEN}"}
-    - domain: "*.example.test"
-    - domain: plain.test
-"""
+OPS_SPEC = allowlist_spec(("api.example.test", bearer("OPS_TOKEN")), "*.example.test", "plain.test")
 
 
 def metric_value(proxy, name: str, labels: dict[str, str] | None = None) -> float:

@@ -15,26 +15,22 @@ import threading
 import time
 
 import pytest
+from http_head import recv_head
 from tls_hello import hello_body, records, sni_extension
 
 from e2e.support.clients import as_received, curl
-from e2e.support.lab import HOSTS, Lab, in_netns, raw_request
+from e2e.support.lab import HOSTS, Lab, allowlist_spec, in_netns, listen_tcp, raw_request, serve_connections
 
 RECORDER_PORT = 9443
 BLACKHOLE = "198.18.0.42"  # SYNs dropped by a firewall rule in the upstream namespace
 UNREACHABLE = "198.19.255.1"  # an `unreachable` route in the proxy namespace
 TIMEOUT = 2  # --connect-timeout
-SPEC = """
-network:
-  allowCidrs: ["198.18.0.0/15"]
-  allowlist:
-    - domain: api.example.test
-      transform:
-        Authorization: "Bearer passthrough-test-token"
-    - domain: passthrough.test
-    - domain: blackhole.pt.test
-    - domain: unreachable.pt.test
-"""
+SPEC = allowlist_spec(
+    ("api.example.test", {"Authorization": "Bearer passthrough-test-token"}),
+    "passthrough.test",
+    "blackhole.pt.test",
+    "unreachable.pt.test",
+)
 
 
 class Recorder:
@@ -45,22 +41,14 @@ class Recorder:
         self.reply = reply
         self.connections: list[bytearray] = []
         self.finished = 0
-        with in_netns(lab.upstream_ns):
-            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((HOSTS["passthrough.test"], RECORDER_PORT))
-        self.sock.listen(64)
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.sock = listen_tcp(lab.upstream_ns, HOSTS["passthrough.test"], RECORDER_PORT)
+        # Not threaded: connections are recorded in the order they were accepted.
+        serve_connections(self.sock, self._accept_one, threaded=False)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            received = bytearray()
-            self.connections.append(received)
-            threading.Thread(target=self._serve, args=(conn, received), daemon=True).start()
+    def _accept_one(self, conn: socket.socket, _peer) -> None:
+        received = bytearray()
+        self.connections.append(received)
+        threading.Thread(target=self._serve, args=(conn, received), daemon=True).start()
 
     def _serve(self, conn: socket.socket, received: bytearray) -> None:
         conn.settimeout(20)
@@ -114,12 +102,7 @@ def _connect(lab: Lab, proxy, host: str, port: int) -> tuple[socket.socket, byte
     with in_netns(lab.proxy_ns):
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
     sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        answer += chunk
+    answer = recv_head(sock)
     head, _, body = answer.partition(b"\r\n\r\n")
     for line in head.split(b"\r\n"):
         if line.lower().startswith(b"content-length:"):

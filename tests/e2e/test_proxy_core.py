@@ -12,29 +12,23 @@ import pytest
 import requests
 
 from e2e.support.clients import as_received, assert_denied, curl, httpx_client, upstream_hits
-from e2e.support.lab import CANARY_PORT, HOSTS, Lab, in_netns, raw_request
+from e2e.support.lab import CANARY_PORT, HOSTS, TEST_CIDRS_DUAL, Lab, allowlist_spec, bearer, in_netns, raw_request
 
 SECRET = "canary-secret-7f3a9c"  # must reach api.example.test only, and never a log
 FILE_SECRET = "file-secret-51b2e0"
 
-STRICT_SPEC = """
-network:
-  allowCidrs: ["198.18.0.0/15", "2001:2::/48"]
-  allowlist:
-    - domain: api.example.test
-      transform:
-        Authorization: "Bearer ${env:EGRESS_TEST_TOKEN}"
-    - domain: telemetry.example.test
-      transform:
-        X-Api-Key: "${file:%(secret_file)s}"
-    - domain: "*.example.test"
-    - domain: plain.test
-    - domain: passthrough.test
-    - domain: Mixed.Test.
-    - domain: sneaky.test
-    - domain: metadata.test
-    - domain: v6only.test
-"""
+STRICT_SPEC = allowlist_spec(
+    ("api.example.test", bearer("EGRESS_TEST_TOKEN")),
+    ("telemetry.example.test", {"X-Api-Key": "${file:%(secret_file)s}"}),
+    "*.example.test",
+    "plain.test",
+    "passthrough.test",
+    "Mixed.Test.",
+    "sneaky.test",
+    "metadata.test",
+    "v6only.test",
+    cidrs=TEST_CIDRS_DUAL,
+)
 STAR_SPEC = """
 {"type": "remote", "sources": [],
  "network": {"allowCidrs": ["198.18.0.0/15"],

@@ -20,18 +20,10 @@ import httpx
 import pytest
 
 from e2e.support.clients import client_ca_bundle
-from e2e.support.lab import Lab, in_netns
+from e2e.support.lab import TEST_CIDRS_DUAL, Lab, allowlist_spec, bearer, in_netns
 
 SECRET = "stream-secret-4c1d9e"
-SPEC = """
-network:
-  allowCidrs: ["198.18.0.0/15", "2001:2::/48"]
-  allowlist:
-    - domain: api.example.test
-      transform:
-        Authorization: "Bearer ${env:EGRESS_TEST_TOKEN}"
-    - domain: plain.test
-"""
+SPEC = allowlist_spec(("api.example.test", bearer("EGRESS_TEST_TOKEN")), "plain.test", cidrs=TEST_CIDRS_DUAL)
 EVENTS = 5  # 0.4 s apart: the whole response takes 1.6 s or more
 
 

@@ -16,21 +16,13 @@ import pytest
 from tls_hello import hello_body, records, sni_extension
 
 from e2e.support.clients import as_received
-from e2e.support.lab import HOSTS, Lab
+from e2e.support.lab import HOSTS, TEST_CIDRS_DUAL, Lab, allowlist_spec, bearer
 from e2e.support.transparent_lab import RESOLVER_V4, RESOLVER_V6, Sandbox
 
 SECRET = "transparent-secret-4e81d2"
-SPEC = """
-network:
-  allowCidrs: ["198.18.0.0/15", "2001:2::/48"]
-  allowlist:
-    - domain: api.example.test
-      transform:
-        Authorization: "Bearer ${env:EGRESS_TEST_TOKEN}"
-    - domain: a.example.test
-    - domain: plain.test
-    - domain: v6only.test
-"""
+SPEC = allowlist_spec(
+    ("api.example.test", bearer("EGRESS_TEST_TOKEN")), "a.example.test", "plain.test", "v6only.test", cidrs=TEST_CIDRS_DUAL
+)
 # Not on the allowlist: the "attacker's" hosts whose addresses clients try to reach.
 ATTACKER = HOSTS["evilexample.test"]  # 198.18.0.13
 ATTACKER_V6 = HOSTS[

@@ -15,18 +15,11 @@ import time
 
 import pytest
 
-from e2e.support.lab import in_netns, raw_request
+from e2e.support.lab import allowlist_spec, bearer, in_netns, raw_request
 from e2e.test_operations import metric_value, wait_for
 
 SECRET = "workers-canary-secret-5b1f"
-SPEC = """
-network:
-  allowCidrs: ["198.18.0.0/15"]
-  allowlist:
-    - domain: api.example.test
-      transform: {Authorization: "Bearer ${env:WK_TOKEN}"}
-    - domain: plain.test
-"""
+SPEC = allowlist_spec(("api.example.test", bearer("WK_TOKEN")), "plain.test")
 CONNECTIONS = 24
 
 

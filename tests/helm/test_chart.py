@@ -35,6 +35,7 @@ from helm.chart_util import (
     one,
     pod_spec,
 )
+from http_head import recv_head
 
 # kubernetes-validate bundles schemas up to its own version; these are current releases.
 KUBERNETES_VERSIONS = ["1.34.0", "1.35.0"]
@@ -1054,12 +1055,7 @@ def _proxy_status(port: int, request: str) -> tuple[int, str]:
     """One raw request to the proxy on loopback: (status, X-Egress-Denied)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(request.encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = recv_head(sock)
     head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:])}
     return int(head[0].split()[1]), headers.get("x-egress-denied", "")

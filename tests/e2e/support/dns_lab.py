@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from e2e.support.lab import Lab, ProxyProcess, in_netns, run
+from e2e.support.lab import Lab, ProxyProcess, in_netns, listen_tcp, run, serve_connections
 from e2e.support.transparent_lab import RESOLVER_V4, RESOLVER_V6, SANDBOX_GW_V4, SANDBOX_GW_V6, Sandbox
 
 PUBLIC_RESOLVER_V4 = "198.18.0.54"
@@ -95,13 +95,10 @@ class Sink:
         self.received: list[bytes] = []
         with in_netns(netns):
             self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.udp.bind((address, 53))
-        self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.tcp.bind((address, 53))
-        self.tcp.listen(16)
+        self.tcp = listen_tcp(netns, address, 53, backlog=16)
         threading.Thread(target=self._udp, daemon=True).start()
-        threading.Thread(target=self._tcp, daemon=True).start()
+        serve_connections(self.tcp, self._record_tcp, threaded=False)
 
     def _udp(self) -> None:
         while True:
@@ -110,19 +107,14 @@ class Sink:
             except OSError:
                 return
 
-    def _tcp(self) -> None:
-        while True:
-            try:
-                conn, _ = self.tcp.accept()
-            except OSError:
-                return
-            conn.settimeout(2)
-            try:
-                self.received.append(conn.recv(65536) or b"<connected>")
-            except OSError:
-                self.received.append(b"<connected>")
-            finally:
-                conn.close()
+    def _record_tcp(self, conn: socket.socket, _peer) -> None:
+        conn.settimeout(2)
+        try:
+            self.received.append(conn.recv(65536) or b"<connected>")
+        except OSError:
+            self.received.append(b"<connected>")
+        finally:
+            conn.close()
 
     def stop(self) -> None:
         # shutdown wakes the threads blocked in recv/accept: a socket closed under a

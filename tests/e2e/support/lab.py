@@ -63,6 +63,29 @@ EXTRA_HOST_LINES = [
     "169.254.169.254 metadata.test",
 ]
 CANARY_PORT = 7777
+# The test hosts' networks: HOSTS live in 198.18.0.0/15, their v6 twins in 2001:2::/48.
+TEST_CIDRS_V4 = ("198.18.0.0/15",)
+TEST_CIDRS_DUAL = ("198.18.0.0/15", "2001:2::/48")
+
+
+def bearer(env_var: str) -> dict[str, str]:
+    """The transform that injects `Authorization: Bearer <value of env_var>`."""
+    return {"Authorization": f"Bearer ${{env:{env_var}}}"}
+
+
+def allowlist_spec(*entries: str | tuple[str, dict[str, str]], cidrs: tuple[str, ...] = TEST_CIDRS_V4) -> str:
+    """A spec's YAML text: `network.allowCidrs` = cidrs and one allowlist entry per item,
+    either a bare domain or (domain, {header: value}) for an entry with a transform.
+    Many e2e tests and bench/soak.py use the same shape of spec; values are written as
+    JSON strings (valid YAML) so that names such as "*.example.test" need no care."""
+    lines = ["network:", f"  allowCidrs: {json.dumps(list(cidrs))}", "  allowlist:"]
+    for entry in entries:
+        domain, transform = (entry, {}) if isinstance(entry, str) else entry
+        lines.append(f"    - domain: {json.dumps(domain)}")
+        if transform:
+            lines.append("      transform:")
+            lines += [f"        {header}: {json.dumps(value)}" for header, value in transform.items()]
+    return "\n".join(lines) + "\n"
 
 
 def hosts_file_text() -> str:
@@ -98,6 +121,38 @@ def in_netns(name: str):
         os.setns(home, os.CLONE_NEWNET)
         os.close(home)
         os.close(target)
+
+
+def listen_tcp(netns: str, address: str, port: int, backlog: int = 64) -> socket.socket:
+    """A listening TCP socket made inside netns (a socket keeps the namespace it was made
+    in), IPv6 when the address is. The test servers below all start this way."""
+    with in_netns(netns):
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if address == "::":
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # the wildcard takes v4 too
+    sock.bind((address, port))
+    sock.listen(backlog)
+    return sock
+
+
+def serve_connections(sock: socket.socket, handle, threaded: bool = True) -> None:
+    """Accept on `sock` in a daemon thread until it is closed (accept then raises OSError),
+    calling handle(conn, peer) for each connection: in a daemon thread of its own when
+    threaded, else in the accept thread (for handlers that must see connections in order)."""
+
+    def accept_loop() -> None:
+        while True:
+            try:
+                conn, peer = sock.accept()
+            except OSError:
+                return
+            if threaded:
+                threading.Thread(target=handle, args=(conn, peer), daemon=True).start()
+            else:
+                handle(conn, peer)
+
+    threading.Thread(target=accept_loop, daemon=True).start()
 
 
 def http_get_in_netns(
@@ -171,22 +226,12 @@ class Canary:
     hits: list[str] = field(default_factory=list)
 
     def start(self) -> None:
-        with in_netns(self.netns):
-            self.sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        self.sock.bind(("::", self.port))
-        self.sock.listen(64)
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.sock = listen_tcp(self.netns, "::", self.port)
+        serve_connections(self.sock, self._record, threaded=False)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, peer = self.sock.accept()
-            except OSError:
-                return
-            self.hits.append(str(peer[0]))
-            conn.close()
+    def _record(self, conn: socket.socket, peer) -> None:
+        self.hits.append(str(peer[0]))
+        conn.close()
 
 
 class Lab:

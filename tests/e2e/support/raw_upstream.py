@@ -15,11 +15,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from e2e.support.lab import Lab, in_netns
+from e2e.support.lab import Lab, listen_tcp, serve_connections
 
 
 def ok(head: bytes) -> bytes:
@@ -36,17 +35,13 @@ class RawUpstream:
     connections: list[bytearray] = field(default_factory=list)
 
     def __enter__(self) -> RawUpstream:
-        with in_netns(self.lab.upstream_ns):
-            self.sock = socket.socket(socket.AF_INET6 if ":" in self.address else socket.AF_INET)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((self.address, self.port))
-        self.sock.listen(64)
+        self.sock = listen_tcp(self.lab.upstream_ns, self.address, self.port)
         self.context = None
         if self.tls:
             self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.context.load_cert_chain(self.lab.dir / "upstream.pem", self.lab.dir / "upstream.key")
             self.context.set_alpn_protocols(["http/1.1"])
-        threading.Thread(target=self._accept, daemon=True).start()
+        serve_connections(self.sock, self._serve)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -58,15 +53,7 @@ class RawUpstream:
     def received(self) -> bytes:
         return b"".join(bytes(c) for c in self.connections)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, _peer) -> None:
         data = bytearray()
         self.connections.append(data)
         answered = 0  # request heads answered so far
