@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from egress.credentials import aws_sigv4, gcp_service_account, github_app, oauth2, references
 from egress.credentials.fields import Fields
@@ -21,8 +21,6 @@ __all__ = [
     "parse_entry", "parse_sources", "parse_value", "referenced_files", "transform_value",
 ]  # fmt: skip
 from egress.policy import secrets
-
-_Parsed = TypeVar("_Parsed")
 
 Source = (
     oauth2.OAuth2Source
@@ -85,13 +83,13 @@ def parse_sources(
     return sources
 
 
-def parse_value(
+def parse_value[Parsed](
     value: Any,
     where: str,
     problems: list[str],
     environ: Mapping[str, str] | None,
-    parse: Callable[[str, Mapping[str, str] | None], _Parsed],
-) -> _Parsed | None:
+    parse: Callable[[str, Mapping[str, str] | None], Parsed],
+) -> Parsed | None:
     """`value` parsed by `parse`; None, with the problem appended, when it is not a string or a reference in it
     does not resolve. Shared by the credential templates here and the spec's static header values."""
     if not isinstance(value, str):
