@@ -317,15 +317,8 @@ def _dispatch_via_server(args: argparse.Namespace) -> int:
     """The thin client: nothing of the dispatcher is imported (egress.hooks.client)."""
     from egress.hooks import client
 
-    for flag, value in (
-        ("--config", args.config),
-        ("--workspace", args.workspace),
-        ("--operator-config", args.operator_config),
-        ("--budget", args.budget),
-        ("--proxy", args.proxy),
-        ("--ca-file", args.ca_file),
-    ):
-        if value is not None:
+    for flag in ("--config", "--workspace", "--operator-config", "--budget", "--proxy", "--ca-file"):
+        if getattr(args, flag.removeprefix("--").replace("-", "_")) is not None:  # argparse's dest for the flag
             raise UsageError(f"{flag} cannot be used with --server: the server holds the configuration")
     if args.no_workspace_hooks:
         raise UsageError("--no-workspace-hooks cannot be used with --server: the server holds the configuration")
