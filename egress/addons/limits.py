@@ -48,6 +48,35 @@ class _Slot:
     opaque: bool = False  # passthrough tunnel or WebSocket: no more request heads
 
 
+# The integer options this addon adds, all defaulting to egress.net.limits DEFAULTS: name -> help.
+_OPTIONS = {
+    "egress_connect_timeout": (
+        "Seconds an upstream TCP connect may take before the client gets 502."
+    ),
+    "egress_read_timeout": (
+        "Seconds the upstream may take to start its response after the request was sent; "
+        "then 504 (502 for TLS or HTTP/2 upstreams). Keep it below tcp_timeout."
+    ),
+    "egress_header_timeout": (
+        "Seconds a client connection with no request in flight has to deliver a complete "
+        "request head (slow or idle clients are closed). 0 disables."
+    ),
+    "egress_max_connections": (
+        "Client connections open at once, all clients together; more are closed at accept. 0 disables."
+    ),
+    "egress_max_connections_per_client": (
+        "Client connections open at once from one client address; more are closed at accept. 0 disables."
+    ),
+    "egress_max_header_bytes": (
+        "Largest HTTP/1 request or response head (request line and headers) in bytes: 431 to the client."
+    ),
+    "egress_idle_timeout": (
+        "Seconds a connection may stay silent in both directions before it is closed (sets "
+        "mitmproxy's tcp_timeout). 0 disables."
+    ),
+}
+
+
 class ConnectionLimits:
     def __init__(self) -> None:
         self.slots: dict[str, _Slot] = {}
@@ -55,38 +84,8 @@ class ConnectionLimits:
         self._read_timers: dict[str, asyncio.TimerHandle] = {}
 
     def load(self, loader) -> None:
-        loader.add_option(
-            "egress_connect_timeout", int, DEFAULTS["egress_connect_timeout"],
-            "Seconds an upstream TCP connect may take before the client gets 502.",
-        )  # fmt: skip
-        loader.add_option(
-            "egress_read_timeout", int, DEFAULTS["egress_read_timeout"],
-            "Seconds the upstream may take to start its response after the request was sent; "
-            "then 504 (502 for TLS or HTTP/2 upstreams). Keep it below tcp_timeout.",
-        )  # fmt: skip
-        loader.add_option(
-            "egress_header_timeout", int, DEFAULTS["egress_header_timeout"],
-            "Seconds a client connection with no request in flight has to deliver a complete "
-            "request head (slow or idle clients are closed). 0 disables.",
-        )  # fmt: skip
-        loader.add_option(
-            "egress_max_connections", int, DEFAULTS["egress_max_connections"],
-            "Client connections open at once, all clients together; more are closed at accept. 0 disables.",
-        )  # fmt: skip
-        loader.add_option(
-            "egress_max_connections_per_client", int, DEFAULTS["egress_max_connections_per_client"],
-            "Client connections open at once from one client address; more are closed at accept. 0 disables.",
-        )  # fmt: skip
-        loader.add_option(
-            "egress_max_header_bytes", int, DEFAULTS["egress_max_header_bytes"],
-            "Largest HTTP/1 request or response head (request line and headers) in bytes: 431 to the client.",
-        )  # fmt: skip
-
-        loader.add_option(
-            "egress_idle_timeout", int, DEFAULTS["egress_idle_timeout"],
-            "Seconds a connection may stay silent in both directions before it is closed (sets "
-            "mitmproxy's tcp_timeout). 0 disables.",
-        )  # fmt: skip
+        for name, help_text in _OPTIONS.items():
+            loader.add_option(name, int, DEFAULTS[name], help_text)
 
     def configure(self, updated: set[str]) -> None:
         if "egress_idle_timeout" in updated:

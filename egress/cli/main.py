@@ -115,6 +115,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+# `run`'s optional string flags that name where to listen or connect, in --help order:
+# (flag, metavar, help). A table, as with _LIMIT_FLAGS, rather than one add_argument each.
+_RUN_ADDRESS_FLAGS = (
+    ("--dns-listen", "HOST:PORT",
+     "answer DNS (UDP and TCP) here from the same spec: names not allowlisted get NXDOMAIN (default off)"),
+    ("--upstream-proxy", "URL",
+     "reach the internet through a parent proxy, http://HOST:PORT: every upstream connection is a "
+     "CONNECT to the checked IP address through it (default: connect directly)"),
+    ("--upstream-proxy-auth", "REF",
+     "credentials for the parent proxy by reference, e.g. 'USER:${file:/run/secrets/parent-password}' or "
+     "'${env:PARENT_AUTH}' (USER:PASSWORD); "
+     "sent to the parent only, as Proxy-Authorization: Basic"),
+)  # fmt: skip
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="egress-proxy", description="Egress proxy for AI-agent sandboxes.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -152,20 +167,8 @@ def _build_parser() -> argparse.ArgumentParser:
         default = DEFAULTS[_limit_option(flag)]
         limits.add_argument(flag, type=_count, default=default, metavar="N", help=f"{help_text} (default {default})")
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="pass a mitmproxy option")
-    run.add_argument(
-        "--dns-listen", metavar="HOST:PORT",
-        help="answer DNS (UDP and TCP) here from the same spec: names not allowlisted get NXDOMAIN (default off)",
-    )  # fmt: skip
-    run.add_argument(
-        "--upstream-proxy", metavar="URL",
-        help="reach the internet through a parent proxy, http://HOST:PORT: every upstream connection is a "
-        "CONNECT to the checked IP address through it (default: connect directly)",
-    )  # fmt: skip
-    run.add_argument(
-        "--upstream-proxy-auth", metavar="REF",
-        help="credentials for the parent proxy by reference, e.g. 'USER:${file:/run/secrets/parent-password}' "
-        "or '${env:PARENT_AUTH}' (USER:PASSWORD); sent to the parent only, as Proxy-Authorization: Basic",
-    )  # fmt: skip
+    for flag, metavar, help_text in _RUN_ADDRESS_FLAGS:
+        run.add_argument(flag, metavar=metavar, help=help_text)
     run.add_argument(
         "--workers", type=_workers, default=1, metavar="N",
         help="proxy processes sharing the listen port (SO_REUSEPORT), one CA and one /metrics (default 1)",

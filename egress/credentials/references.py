@@ -59,6 +59,10 @@ class Template:
     def static(self) -> bool:
         return not self.credentials
 
+    def sample(self) -> str:
+        """The value rendered with a stand-in token for each credential: what checks of its form look at."""
+        return self.render(dict.fromkeys(self.credentials, "token"))
+
     def render(self, tokens: Mapping[str, str]) -> str:
         """The value with each credential's current token; KeyError for a missing one."""
         out: list[str] = []

@@ -8,7 +8,7 @@ and reports each problem as "which source or entry, which field, why". No networ
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,10 @@ from egress.credentials import aws_sigv4, gcp_service_account, github_app, oauth
 from egress.credentials.fields import Fields
 from egress.credentials.references import SOURCE_NAME, Template
 
-__all__ = ["EntryCredentials", "Source", "Template", "parse_entry", "parse_sources", "referenced_files", "transform_value"]
+__all__ = [
+    "EntryCredentials", "Source", "Template",
+    "parse_entry", "parse_sources", "parse_value", "referenced_files", "transform_value",
+]  # fmt: skip
 from egress.policy import secrets
 
 Source = (
@@ -78,6 +81,25 @@ def parse_sources(
         if source is not None:
             sources[name] = source
     return sources
+
+
+def parse_value[Parsed](
+    value: Any,
+    where: str,
+    problems: list[str],
+    environ: Mapping[str, str] | None,
+    parse: Callable[[str, Mapping[str, str] | None], Parsed],
+) -> Parsed | None:
+    """`value` parsed by `parse`; None, with the problem appended, when it is not a string or a reference in it
+    does not resolve. Shared by the credential templates here and the spec's static header values."""
+    if not isinstance(value, str):
+        problems.append(f"{where}: value must be a string, not {type(value).__name__}")
+        return None
+    try:
+        return parse(value, environ)
+    except secrets.SecretReferenceError as exc:
+        problems.append(f"{where}: {exc}")
+        return None
 
 
 def transform_value(value: str, environ: Mapping[str, str] | None) -> secrets.Secret | Template:
@@ -159,15 +181,10 @@ def _templates(
         if not isinstance(key, str) or not key_pattern.fullmatch(key):
             problems.append(f"{where}: {what} {key!r} must match {key_pattern.pattern}")
             continue
-        if not isinstance(value, str):
-            problems.append(f"{where}.{key}: value must be a string, not {type(value).__name__}")
+        template = parse_value(value, f"{where}.{key}", problems, environ, references.parse)
+        if template is None:
             continue
-        try:
-            template = references.parse(value, environ)
-        except secrets.SecretReferenceError as exc:
-            problems.append(f"{where}.{key}: {exc}")
-            continue
-        sample = template.render(dict.fromkeys(template.credentials, "token"))
+        sample = template.sample()
         if not sample or any(ord(c) < 0x20 or ord(c) == 0x7F for c in sample):
             problems.append(f"{where}.{key}: value is empty or contains a control character")
             continue

@@ -56,20 +56,15 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def add_config_options(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument(
-            "--config", metavar="FILE", help="hooks.json to use in place of the workspace's (the operator's still applies)"
-        )
-        sub.add_argument(
-            "--workspace",
-            metavar="DIR",
-            help="the workspace: DIR/.agents/hooks.json is loaded after the operator's file; also the cwd of command "
-            "hooks (default: the current directory)",
-        )
-        sub.add_argument(
-            "--operator-config",
-            metavar="FILE",
-            help=f"the operator's hooks.json, loaded first and never overridden by the workspace's (default: {ROOT_CONFIG})",
-        )
+        # Where the configuration comes from: (flag, metavar, help), in --help order.
+        for flag, metavar, help_text in (
+            ("--config", "FILE", "hooks.json to use in place of the workspace's (the operator's still applies)"),
+            ("--workspace", "DIR", "the workspace: DIR/.agents/hooks.json is loaded after the operator's file; also "
+             "the cwd of command hooks (default: the current directory)"),
+            ("--operator-config", "FILE", "the operator's hooks.json, loaded first and never overridden by the "
+             f"workspace's (default: {ROOT_CONFIG})"),
+        ):  # fmt: skip
+            sub.add_argument(flag, metavar=metavar, help=help_text)
         sub.add_argument(
             "--no-workspace-hooks",
             action="store_true",
@@ -322,15 +317,8 @@ def _dispatch_via_server(args: argparse.Namespace) -> int:
     """The thin client: nothing of the dispatcher is imported (egress.hooks.client)."""
     from egress.hooks import client
 
-    for flag, value in (
-        ("--config", args.config),
-        ("--workspace", args.workspace),
-        ("--operator-config", args.operator_config),
-        ("--budget", args.budget),
-        ("--proxy", args.proxy),
-        ("--ca-file", args.ca_file),
-    ):
-        if value is not None:
+    for flag in ("--config", "--workspace", "--operator-config", "--budget", "--proxy", "--ca-file"):
+        if getattr(args, flag.removeprefix("--").replace("-", "_")) is not None:  # argparse's dest for the flag
             raise UsageError(f"{flag} cannot be used with --server: the server holds the configuration")
     if args.no_workspace_hooks:
         raise UsageError("--no-workspace-hooks cannot be used with --server: the server holds the configuration")

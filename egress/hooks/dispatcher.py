@@ -175,7 +175,8 @@ async def _run_plan(
         token = reaper.start() if isinstance(handler, CommandHandler) else None
         try:
             run_env = {**env, RUN_TOKEN_VARIABLE: token} if token is not None else env
-            outcome, duration_ms = await _run_handler(handler, event_name, group.name, payload, settings, timeout, run_env, cut)
+            run = _HandlerRun(event_name, group.name, payload, settings, timeout, run_env, cut)
+            outcome, duration_ms = await _run_handler(handler, run)
         finally:
             if token is not None:
                 reaper.finish(token)
@@ -253,41 +254,36 @@ def _tool_name(event: Mapping[str, Any]) -> str:
     return name
 
 
-async def _run_handler(
-    handler: Handler,
-    event_name: str,
-    group: str,
-    payload: bytes,
-    settings: DispatchSettings,
-    timeout: float,
-    env: dict[str, str],
-    cut: bool,
-) -> tuple[HandlerOutcome, float]:
+@dataclass(frozen=True)
+class _HandlerRun:
+    """What one handler run needs besides the handler: the event, its budgeted timeout and environment."""
+
+    event_name: str
+    group: str
+    payload: bytes
+    settings: DispatchSettings
+    timeout: float
+    env: dict[str, str]
+    cut: bool  # the event's budget, not the handler's own timeout, set `timeout`
+
+
+async def _run_handler(handler: Handler, run: _HandlerRun) -> tuple[HandlerOutcome, float]:
     try:
         if isinstance(handler, CommandHandler):
-            return await _run_command_handler(handler, event_name, group, payload, settings, timeout, env, cut)
-        return await _run_http_handler(handler, event_name, group, payload, settings, timeout)
+            return await _run_command_handler(handler, run)
+        return await _run_http_handler(handler, run)
     except Exception as exc:  # noqa: BLE001 - a dispatcher bug must fail open, not crash the runtime's call
         return HandlerOutcome(ERROR, failure="internal_error", details={"error": f"{type(exc).__name__}: {exc}"[:300]}), 0.0
 
 
-async def _run_command_handler(
-    handler: CommandHandler,
-    event_name: str,
-    group: str,
-    payload: bytes,
-    settings: DispatchSettings,
-    timeout: float,
-    env: dict[str, str],
-    cut: bool,
-) -> tuple[HandlerOutcome, float]:
+async def _run_command_handler(handler: CommandHandler, run: _HandlerRun) -> tuple[HandlerOutcome, float]:
     from egress.hooks.runners.command import TERMINATE_GRACE_SECONDS, run_command
 
-    grace = _BUDGET_STOP_GRACE_SECONDS if cut else TERMINATE_GRACE_SECONDS
-    result = await run_command(handler.command, payload, timeout, cwd=settings.cwd, env=env, grace=grace)
+    grace = _BUDGET_STOP_GRACE_SECONDS if run.cut else TERMINATE_GRACE_SECONDS
+    result = await run_command(handler.command, run.payload, run.timeout, cwd=run.settings.cwd, env=run.env, grace=grace)
     outcome = judge_command(
-        event_name,
-        group,
+        run.event_name,
+        run.group,
         exit_code=result.exit_code,
         stdout=result.stdout,
         stdout_truncated=result.stdout_truncated,
@@ -301,21 +297,14 @@ async def _run_command_handler(
     return outcome, result.duration_ms
 
 
-async def _run_http_handler(
-    handler: HttpHandler, event_name: str, group: str, payload: bytes, settings: DispatchSettings, timeout: float
-) -> tuple[HandlerOutcome, float]:
+async def _run_http_handler(handler: HttpHandler, run: _HandlerRun) -> tuple[HandlerOutcome, float]:
     from egress.hooks.runners.http import post_event
 
-    result = await post_event(handler.url, payload, handler.headers, timeout, proxy=settings.proxy, ca_file=settings.ca_file)
-    outcome = judge_http(
-        event_name,
-        group,
-        status=result.status,
-        body=result.body,
-        body_truncated=result.body_truncated,
-        timed_out=result.timed_out,
-        error=result.error,
-    )
+    settings = run.settings
+    result = await post_event(handler.url, run.payload, handler.headers, run.timeout, proxy=settings.proxy, ca_file=settings.ca_file)
+    status, body, truncated = result.status, result.body, result.body_truncated
+    outcome = judge_http(run.event_name, run.group, status=status, body=body, body_truncated=truncated,
+                         timed_out=result.timed_out, error=result.error)  # fmt: skip
     return outcome, result.duration_ms
 
 

@@ -404,16 +404,11 @@ def _parse_transform(
             problems.append(f"{field_where}: header given twice (names are case-insensitive)")
             continue
         seen.add(name.lower())
-        if not isinstance(value, str):
-            problems.append(f"{field_where}: value must be a string, not {type(value).__name__}")
-            continue
-        try:
-            secret = credentials.transform_value(value, environ)
-        except secrets.SecretReferenceError as exc:
-            problems.append(f"{field_where}: {exc}")
+        secret = credentials.parse_value(value, field_where, problems, environ, credentials.transform_value)
+        if secret is None:
             continue
         if isinstance(secret, credentials.Template):  # names a credential: rendered per request
-            sample = secret.render(dict.fromkeys(secret.credentials, "token"))
+            sample = secret.sample()
             if (problem := _header_value_problem(sample)) is not None:
                 problems.append(f"{field_where}: value {problem}")
             elif dynamic is not None:

@@ -12,29 +12,18 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from documented import cli_flags
+from documented import cli_flags, script
 
 SECRET = "s3cr3t-canary-7f1e"  # must never appear in any output
 LOADER_SECONDS = 10  # a bomb or a huge file must be refused well within this
 ADDRESS_SPACE = 1024**3  # the loader cases run under this RLIMIT_AS
-
-
-def script(name: str) -> str:
-    found = Path(sys.executable).with_name(name)
-    if found.exists():
-        return str(found)
-    path = shutil.which(name)
-    assert path, f"{name} is not installed"
-    return path
 
 
 @pytest.fixture(scope="module")

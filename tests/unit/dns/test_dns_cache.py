@@ -88,14 +88,19 @@ def test_cache_is_bounded_and_keeps_no_empty_answers():
     assert cache.get(owner, "n0.test", 4) is None and cache.get(owner, "n4.test", 4) is not None
 
 
+def answered_now(addon, name: str) -> bytes:
+    """The answer DnsFilter.answer_now gives `name` itself, without the hook (it must give one)."""
+    flow = flow_for(name)
+    assert addon.answer_now(flow) is True
+    return flow.metadata[WIRE_KEY]
+
+
 # -- DnsFilter.answer_now: the synchronous half --------------------------------------
 
 
 def test_blocked_names_are_answered_without_the_hook(setup):
     _, _, addon, out = setup
-    flow = flow_for("secret.attacker.example")
-    assert addon.answer_now(flow) is True
-    assert rcode_and_addresses(flow.metadata[WIRE_KEY]) == (dp.NXDOMAIN, [])
+    assert rcode_and_addresses(answered_now(addon, "secret.attacker.example")) == (dp.NXDOMAIN, [])
     assert json.loads(out.getvalue())["reason"] == "not_allowlisted"
 
 
@@ -117,13 +122,9 @@ def test_an_uncached_allowlisted_name_is_left_to_the_hook(setup):
 def test_cached_addresses_are_filtered_again_and_expire(setup):
     holder, clock, addon, out = setup
     addon.cache.put(holder.spec, "cached.test", 4, [ip("198.18.0.7"), ip("127.0.0.1"), ip("169.254.169.254")])
-    flow = flow_for("CACHED.test")
-    assert addon.answer_now(flow) is True
-    assert rcode_and_addresses(flow.metadata[WIRE_KEY]) == (dp.NOERROR, ["198.18.0.7"])
+    assert rcode_and_addresses(answered_now(addon, "CACHED.test")) == (dp.NOERROR, ["198.18.0.7"])
     clock.now += 10
-    flow = flow_for("cached.test")
-    assert addon.answer_now(flow) is True
-    assert answer_ttls(flow.metadata[WIRE_KEY]) == [20]
+    assert answer_ttls(answered_now(addon, "cached.test")) == [20]
     clock.now += 21
     assert addon.answer_now(flow_for("cached.test")) is False  # expired: back to the resolver
 
@@ -131,21 +132,16 @@ def test_cached_addresses_are_filtered_again_and_expire(setup):
 def test_cached_forbidden_addresses_only_give_an_empty_answer(setup):
     holder, _, addon, out = setup
     addon.cache.put(holder.spec, "cached.test", 4, [ip("127.0.0.1"), ip("10.1.2.3")])
-    flow = flow_for("cached.test")
-    assert addon.answer_now(flow) is True
-    assert rcode_and_addresses(flow.metadata[WIRE_KEY]) == (dp.NOERROR, [])
+    assert rcode_and_addresses(answered_now(addon, "cached.test")) == (dp.NOERROR, [])
     assert json.loads(out.getvalue())["reason"] == "loopback"
 
 
 def test_a_reload_that_removes_a_name_stops_it_resolving_at_once(setup):
     holder, _, addon, _ = setup
     addon.cache.put(holder.spec, "cached.test", 4, [ip("198.18.0.7")])
-    flow = flow_for("cached.test")
-    assert addon.answer_now(flow) and rcode_and_addresses(flow.metadata[WIRE_KEY])[1] == ["198.18.0.7"]
+    assert rcode_and_addresses(answered_now(addon, "cached.test"))[1] == ["198.18.0.7"]
     holder.spec = make_spec("other.test")
-    flow = flow_for("cached.test")
-    assert addon.answer_now(flow) is True
-    assert rcode_and_addresses(flow.metadata[WIRE_KEY]) == (dp.NXDOMAIN, [])
+    assert rcode_and_addresses(answered_now(addon, "cached.test")) == (dp.NXDOMAIN, [])
     # a reload that keeps the name does not serve the old spec's entry either
     holder.spec = make_spec("cached.test")
     assert addon.answer_now(flow_for("cached.test")) is False

@@ -119,17 +119,22 @@ def test_a_plain_background_child_is_gone_after_the_dispatch(tmp_path):
     assert wait_gone(int(pid_file.read_text()))
 
 
+def cli_dispatch_in_workspace(tmp_path: Path, hooks: list[dict], *flags: str) -> subprocess.CompletedProcess:
+    """`egress-hooks dispatch` of EVENT in a fresh process, the hooks in a workspace under tmp_path."""
+    workspace = tmp_path / "ws"
+    (workspace / ".agents").mkdir(parents=True)
+    (workspace / ".agents" / "hooks.json").write_text(json.dumps({"g": {PRE: [{"matcher": "*", "hooks": hooks}]}}))
+    return subprocess.run(
+        [sys.executable, "-m", "egress.hooks", "dispatch", PRE, "--workspace", str(workspace), *flags],
+        input=json.dumps(EVENT).encode(), capture_output=True, timeout=30, env={**os.environ, "PYTHONPATH": SOURCE_ROOT},
+    )  # fmt: skip
+
+
 def test_cli_kills_a_setsid_double_fork_that_cleared_its_environment(tmp_path):
     """`env -i` drops the run token: the CLI, as the child subreaper, still finds the orphan."""
     pid_file = tmp_path / "pid"
-    workspace = tmp_path / "ws"
-    (workspace / ".agents").mkdir(parents=True)
     hook = command(f"(env -i setsid sh -c 'echo $$ > {pid_file}; exec sleep 1000' >/dev/null 2>&1 </dev/null &); sleep 0.2")
-    (workspace / ".agents" / "hooks.json").write_text(json.dumps({"g": {PRE: [{"matcher": "*", "hooks": [hook]}]}}))
-    result = subprocess.run(
-        [sys.executable, "-m", "egress.hooks", "dispatch", PRE, "--workspace", str(workspace)],
-        input=json.dumps(EVENT).encode(), capture_output=True, timeout=30, env={**os.environ, "PYTHONPATH": SOURCE_ROOT},
-    )  # fmt: skip
+    result = cli_dispatch_in_workspace(tmp_path, [hook])
     assert result.returncode == 0, result.stderr
     pid = int(pid_file.read_text())
     assert b"EGRESS_HOOK_RUN" not in Path(f"/proc/{pid}/environ").read_bytes() if alive(pid) else True
@@ -174,15 +179,9 @@ def test_budget_flag_must_be_a_positive_number_up_to_600(value):
 
 
 def test_budget_flag_bounds_a_cli_dispatch(tmp_path):
-    workspace = tmp_path / "ws"
-    (workspace / ".agents").mkdir(parents=True)
     hooks = [command("sleep 5", timeout=1)] * 3
-    (workspace / ".agents" / "hooks.json").write_text(json.dumps({"g": {PRE: [{"matcher": "*", "hooks": hooks}]}}))
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "egress.hooks", "dispatch", PRE, "--workspace", str(workspace), "--budget", "0.5"],
-        input=json.dumps(EVENT).encode(), capture_output=True, timeout=30, env={**os.environ, "PYTHONPATH": SOURCE_ROOT},
-    )  # fmt: skip
+    result = cli_dispatch_in_workspace(tmp_path, hooks, "--budget", "0.5")
     assert time.monotonic() - started < 1.5
     assert json.loads(result.stdout) == {"decision": "allow"}
     assert [json.loads(line)["msg"] for line in result.stderr.decode().splitlines()] == [
@@ -193,15 +192,9 @@ def test_budget_flag_bounds_a_cli_dispatch(tmp_path):
 def test_cli_kills_a_chain_of_escaped_processes(tmp_path):
     """A setsid'd process that itself starts one more: both are gone after the dispatch."""
     pids = tmp_path / "pids"
-    workspace = tmp_path / "ws"
-    (workspace / ".agents").mkdir(parents=True)
     inner = f"sleep 1000 & echo $! >> {pids}; wait"
     hook = command(f"(env -i setsid sh -c '{inner}' >/dev/null 2>&1 </dev/null &); sleep 0.3")
-    (workspace / ".agents" / "hooks.json").write_text(json.dumps({"g": {PRE: [{"matcher": "*", "hooks": [hook]}]}}))
-    result = subprocess.run(
-        [sys.executable, "-m", "egress.hooks", "dispatch", PRE, "--workspace", str(workspace)],
-        input=json.dumps(EVENT).encode(), capture_output=True, timeout=30, env={**os.environ, "PYTHONPATH": SOURCE_ROOT},
-    )  # fmt: skip
+    result = cli_dispatch_in_workspace(tmp_path, [hook])
     assert result.returncode == 0, result.stderr
     (pid,) = [int(p) for p in pids.read_text().split()]
     assert wait_gone(pid), f"{pid} outlived the dispatch"

@@ -12,6 +12,8 @@ import pytest
 import egress
 
 FIXTURES = Path(__file__).resolve().parents[2] / "hooks"
+# The seed page's gates live once, in the hooks-scenarios example; the tests run that copy.
+GATES = Path(__file__).resolve().parents[3] / "examples/hooks-scenarios/root/.agents/hooks-scripts"
 PAYLOADS = FIXTURES / "payloads"
 PYTHON = shlex.quote(sys.executable)
 SOURCE_ROOT = str(Path(egress.__file__).resolve().parent.parent)
@@ -35,12 +37,12 @@ def write_workspace(tmp_path: Path, document) -> Path:
 SEED_GATES = {
     "security-gate": {
         "pre_tool_execution": [
-            {"matcher": "code_execution", "hooks": [{"type": "command", "command": f"{PYTHON} {FIXTURES / 'gate.py'}", "timeout": 10}]}
+            {"matcher": "code_execution", "hooks": [{"type": "command", "command": f"{PYTHON} {GATES / 'gate.py'}", "timeout": 10}]}
         ]
     },
     "privacy-gate": {
         "pre_tool_execution": [
-            {"matcher": "read_file", "hooks": [{"type": "command", "command": f"{PYTHON} {FIXTURES / 'check_privacy.py'}", "timeout": 5}]}
+            {"matcher": "read_file", "hooks": [{"type": "command", "command": f"{PYTHON} {GATES / 'check_privacy.py'}", "timeout": 5}]}
         ]
     },
     "audit": {"post_tool_execution": [{"matcher": "*", "hooks": [{"type": "command", "command": "cat > /dev/null; exit 1"}]}]},

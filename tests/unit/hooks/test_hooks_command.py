@@ -1,6 +1,7 @@
 """The command runner against real `/bin/sh` hooks: every fail-open path, big I/O, and hooks that will not die."""
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -196,33 +197,36 @@ def test_cancelled_dispatch_leaves_no_process(tmp_path):
     assert group_gone_soon(int(pid_file.read_text()), seconds=2) == []
 
 
+def timed_dispatch(cmd: str, timeout: float) -> tuple[Decision, list[dict], float]:
+    """run_dispatch, and the seconds it took."""
+    started = time.monotonic()
+    decision, logs = run_dispatch(cmd, timeout=timeout)
+    return decision, logs, time.monotonic() - started
+
+
+@contextlib.contextmanager
+def killed_afterwards(pid_file: Path):
+    """SIGKILL, when the block ends, the process whose pid a hook wrote to pid_file: one the hook left running."""
+    try:
+        yield pid_file
+    finally:
+        with contextlib.suppress(OSError, ValueError):  # already gone, or the hook never wrote its pid
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def test_process_that_left_the_group_cannot_hold_the_dispatcher(tmp_path):
-    pid_file = tmp_path / "escaped"
     # setsid puts the sleeper in a session of its own, out of reach of the
     # group kill, still holding stdout: the drain after SIGKILL is bounded.
-    cmd = f"setsid sleep 30 & echo $! > {pid_file}; wait"
-    started = time.monotonic()
-    try:
-        decision, logs = run_dispatch(cmd, timeout=1)
-        assert time.monotonic() - started < 2.2
-        assert decision.as_json() == {"decision": "allow"} and logs[0]["outcome"] == "timeout"
-    finally:
-        try:
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+    with killed_afterwards(tmp_path / "escaped") as pid_file:
+        decision, logs, seconds = timed_dispatch(f"setsid sleep 30 & echo $! > {pid_file}; wait", timeout=1)
+    assert seconds < 2.2
+    assert decision.as_json() == {"decision": "allow"} and logs[0]["outcome"] == "timeout"
 
 
 def test_detached_background_job_without_our_pipes_does_not_delay_the_decision(tmp_path):
-    pid_file = tmp_path / "bg"
-    cmd = f"sleep 30 >/dev/null 2>&1 </dev/null & echo $! > {pid_file}; {DENY}"
-    started = time.monotonic()
-    try:
-        decision, _ = run_dispatch(cmd, timeout=5)
-        assert time.monotonic() - started < 2
-        assert decision.denied
-    finally:
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    with killed_afterwards(tmp_path / "bg") as pid_file:
+        decision, _, seconds = timed_dispatch(f"sleep 30 >/dev/null 2>&1 </dev/null & echo $! > {pid_file}; {DENY}", timeout=5)
+    assert seconds < 2 and decision.denied
 
 
 def test_post_hook_timeout_is_logged_and_returns_empty_object():

@@ -13,6 +13,8 @@ from egress.hooks.config import parse_config
 from egress.hooks.dispatcher import Decision, DispatchSettings, dispatch, load_hooks
 
 FIXTURES = Path(__file__).resolve().parents[2] / "hooks"
+# The seed page's gates live once, in the hooks-scenarios example; the tests run that copy.
+GATES = Path(__file__).resolve().parents[3] / "examples/hooks-scenarios/root/.agents/hooks-scripts"
 PAYLOADS = FIXTURES / "payloads"
 PYTHON = shlex.quote(sys.executable)
 PRE = "pre_tool_execution"
@@ -44,14 +46,14 @@ def run_dispatch(document: dict, event_name: str, event: dict, **settings) -> tu
 SECURITY_GATE = {
     "security-gate": {
         "pre_tool_execution": [
-            {"matcher": "code_execution", "hooks": [command(f"{PYTHON} {FIXTURES / 'gate.py'}", timeout=10)]}
+            {"matcher": "code_execution", "hooks": [command(f"{PYTHON} {GATES / 'gate.py'}", timeout=10)]}
         ]
     }
 }
 PRIVACY_GATE = {
     "privacy-gate": {
         "pre_tool_execution": [
-            {"matcher": "read_file", "hooks": [command(f"{PYTHON} {FIXTURES / 'check_privacy.py'}", timeout=5)]}
+            {"matcher": "read_file", "hooks": [command(f"{PYTHON} {GATES / 'check_privacy.py'}", timeout=5)]}
         ]
     }
 }

@@ -5,9 +5,10 @@ allows (the seed's table unchanged). Real /bin/sh hooks and a real HTTP server."
 import asyncio
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from hook_testing import QuietHandler
 
 from egress.hooks.config import parse_config
 from egress.hooks.dispatcher import Decision, DispatchSettings, dispatch
@@ -19,12 +20,7 @@ EVENT = {"tool_call": {"name": "code_execution", "args": {"code": "npm publish"}
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
+class Handler(QuietHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         status, payload, extra = {
@@ -34,12 +30,7 @@ class Handler(BaseHTTPRequestHandler):
             "/big": (200, b'{"decision": "deny", "reason": "big"}' + b" " * (2 * MiB), {}),
             "/allow": (200, b'{"decision": "allow"}', {}),
         }[self.path]
-        self.send_response(status)
-        for name, value in extra.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        self.reply(status, payload, extra)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,14 @@ import json
 import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from hook_testing import QuietHandler
 
 from egress.hooks.config import parse_config
 from egress.hooks.dispatcher import Decision, DispatchSettings, dispatch
@@ -34,12 +35,7 @@ class Recorder:
 
 
 def make_handler(recorder: Recorder, *, as_proxy: bool = False):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):  # keep pytest output clean
-            pass
-
+    class Handler(QuietHandler):
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             recorder.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
@@ -55,12 +51,7 @@ def make_handler(recorder: Recorder, *, as_proxy: bool = False):
                 "/big": (200, b'{"decision": "deny"}' + b" " * (2 * MiB), {}),
                 "/slow": (200, DENY_BODY, {}),
             }.get(route, (404, b"", {}))
-            self.send_response(status)
-            for name, value in extra.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.reply(status, payload, extra)
 
     return Handler
 

@@ -15,6 +15,8 @@ import egress
 from egress.hooks.layers import load_layers
 
 FIXTURES = Path(__file__).resolve().parents[2] / "hooks"
+# The seed page's gates live once, in the hooks-scenarios example; the tests run that copy.
+GATES = Path(__file__).resolve().parents[3] / "examples/hooks-scenarios/root/.agents/hooks-scripts"
 PAYLOADS = FIXTURES / "payloads"
 PYTHON = shlex.quote(sys.executable)
 SOURCE_ROOT = str(Path(egress.__file__).resolve().parent.parent)
@@ -23,7 +25,7 @@ GATE_DENIES = {"decision": "deny", "reason": "Destructive command blocked by sec
 OPERATOR_GATE = {
     "security-gate": {
         "pre_tool_execution": [
-            {"matcher": "code_execution", "hooks": [{"type": "command", "command": f"{PYTHON} {FIXTURES / 'gate.py'}", "timeout": 10}]}
+            {"matcher": "code_execution", "hooks": [{"type": "command", "command": f"{PYTHON} {GATES / 'gate.py'}", "timeout": 10}]}
         ]
     }
 }

@@ -21,6 +21,8 @@ import egress
 from egress.hooks import client
 
 FIXTURES = Path(__file__).resolve().parents[2] / "hooks"
+# The seed page's gates live once, in the hooks-scenarios example; the tests run that copy.
+GATES = Path(__file__).resolve().parents[3] / "examples/hooks-scenarios/root/.agents/hooks-scripts"
 PAYLOADS = FIXTURES / "payloads"
 PYTHON = shlex.quote(sys.executable)
 SOURCE_ROOT = str(Path(egress.__file__).resolve().parent.parent)
@@ -32,7 +34,7 @@ ALLOW = "echo '{\"decision\": \"allow\"}'"
 OPERATOR_GATE = {
     "security-gate": {
         "pre_tool_execution": [
-            {"matcher": "code_execution", "hooks": [{"type": "command", "command": f"{PYTHON} {FIXTURES / 'gate.py'}", "timeout": 10}]}
+            {"matcher": "code_execution", "hooks": [{"type": "command", "command": f"{PYTHON} {GATES / 'gate.py'}", "timeout": 10}]}
         ]
     }
 }

@@ -26,6 +26,13 @@ async def _pair() -> tuple[Side, socket.socket]:
     return side, peer
 
 
+async def _two_pairs() -> tuple[Side, socket.socket, Side, socket.socket]:
+    """The relay's two sides, client then server, each with the plain socket at its far end."""
+    client, client_peer = await _pair()
+    server, server_peer = await _pair()
+    return client, client_peer, server, server_peer
+
+
 async def _read_all(sock: socket.socket) -> bytes:
     loop = asyncio.get_running_loop()
     data = b""
@@ -37,8 +44,7 @@ async def _read_all(sock: socket.socket) -> bytes:
 def test_relay_moves_bytes_both_ways_with_half_close_and_counts():
     async def main():
         loop = asyncio.get_running_loop()
-        client, client_peer = await _pair()
-        server, server_peer = await _pair()
+        client, client_peer, server, server_peer = await _two_pairs()
         closed = loop.create_future()
         relay = Relay(client, server, on_close=lambda up, down: closed.set_result((up, down)))
         # Bytes the upstream sent before the relay existed are kept and delivered first.
@@ -62,8 +68,7 @@ def test_relay_moves_bytes_both_ways_with_half_close_and_counts():
 def test_a_lost_side_closes_the_other():
     async def main():
         loop = asyncio.get_running_loop()
-        client, client_peer = await _pair()
-        server, server_peer = await _pair()
+        client, client_peer, server, server_peer = await _two_pairs()
         closed = loop.create_future()
         Relay(client, server, on_close=lambda up, down: closed.set_result(True)).start()
         server_peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
@@ -78,8 +83,7 @@ def test_a_lost_side_closes_the_other():
 def test_activity_is_reported():
     async def main():
         loop = asyncio.get_running_loop()
-        client, client_peer = await _pair()
-        server, server_peer = await _pair()
+        client, client_peer, server, server_peer = await _two_pairs()
         ticks = []
         Relay(client, server, on_activity=lambda: ticks.append(1)).start()
         await loop.sock_sendall(client_peer, b"x")
