@@ -70,8 +70,10 @@ def _check(kind: str, response) -> str | None:
     if echo["local"] != local:
         return f"reached {echo['local']}"
     auth = [v for k, v in echo["headers"] if k.lower() == "authorization"]
-    if credential and auth != [f"Bearer {TOKEN}"]:
-        return "credential not injected"
+    # The upstream echoes what it received; the proxy masks the injected token on the way
+    # back, so a masked value is the proof it was injected (and the sandbox never saw it).
+    if credential and auth != [f"Bearer {'*' * len(TOKEN)}"]:
+        return "credential not injected (or its echo not masked)"
     if not credential and auth:
         return "credential sent where it does not belong"
     return None
