@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,11 @@ SPEC = json.dumps({
 class ScriptProxy(ProxyProcess):
     """`mitmdump -s addons/egress.py` with the options `egress-proxy run` would set from its flags."""
 
+    script = SCRIPT
+
     def command(self, *more: str) -> list[str]:
         return [
-            "ip", "netns", "exec", self.lab.proxy_ns, MITMDUMP, "-s", str(SCRIPT),
+            "ip", "netns", "exec", self.lab.proxy_ns, MITMDUMP, "-s", str(self.script),
             "--listen-host", "127.0.0.1", "--listen-port", str(self.port),
             "--set", f"confdir={self.confdir}",
             "--set", f"egress_spec={self.spec_path}",
@@ -135,3 +138,28 @@ def test_audit_line_as_from_egress_proxy_run(lab, script_proxy):
     lines = [json.loads(line) for line in script_proxy.stdout().splitlines() if line.startswith("{")]
     assert any(line["host"] == "other.test" and line["reason"] == "not_allowlisted" for line in lines)
 
+
+
+def test_script_reload_reruns_only_the_script(lab, tmp_path):
+    """mitmproxy reloads a changed script: the chain is built again from the options, the
+    `egress` package stays as imported (no metric registered twice), the policy holds."""
+    proxy = ScriptProxy(lab, SPEC, [], env={"SCRIPT_TEST_TOKEN": SECRET}, name="spec.json")
+    proxy.script = tmp_path / "egress.py"
+    proxy.script.write_text(SCRIPT.read_text())
+    proxy.start(ready_within=30)
+    try:
+        proxy.script.write_text(SCRIPT.read_text() + "\n# changed\n")
+        deadline = time.monotonic() + 15
+        while proxy.stdout().count("Loading script") < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proxy.stdout().count("Loading script") == 2, proxy.stdout()
+        deadline = time.monotonic() + 10
+        while proxy.get_ops("/readyz")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        status, headers, body = curl(lab, proxy, "http://other.test/after-reload")
+        assert_denied(status, headers, body, "not_allowlisted", "other.test")
+        assert metric_value(proxy, "egress_requests_total", {"decision": "blocked", "environment": "", "reason": "not_allowlisted", "rule": ""}) >= 1
+        output = proxy.stdout() + proxy.stderr()
+        assert "Traceback" not in output and "Duplicated timeseries" not in output and "error" not in output.lower(), output
+    finally:
+        proxy.stop()
