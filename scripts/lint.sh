@@ -8,7 +8,7 @@ mapfile -t pins < <(.venv/bin/python -c '
 import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["lint"]))')
 .venv/bin/python -m pip --isolated --disable-pip-version-check -q install "${pins[@]}"
-echo "ruff: egress/ tests/ bench/"
-.venv/bin/ruff check egress/ tests/ bench/
+echo "ruff: egress/ addons/ tests/ bench/ examples/"
+.venv/bin/ruff check egress/ addons/ tests/ bench/ examples/
 echo "mypy: egress/"
 .venv/bin/mypy
