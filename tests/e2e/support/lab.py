@@ -327,7 +327,9 @@ class Lab:
     def upstream_requests(self) -> list[dict]:
         if not self.upstream_log.exists():
             return []
-        return [json.loads(line) for line in self.upstream_log.read_text().splitlines() if line]
+        # Only complete lines: the upstream may be writing the last one while it is read.
+        complete = self.upstream_log.read_text().split("\n")[:-1]
+        return [json.loads(line) for line in complete if line]
 
     def start_proxy(
         self,

@@ -145,7 +145,9 @@ class NginxUpstream:
     def received(self) -> list[dict]:
         if not self.log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+        # Only complete lines: nginx may be writing the last one while it is read.
+        complete = self.log.read_text().split("\n")[:-1]
+        return [json.loads(line) for line in complete if line]
 
     def mark(self) -> int:
         return len(self.received())
