@@ -13,8 +13,10 @@ credential a `transform` could inject. The repositories accept a push that carri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -97,9 +99,14 @@ class NginxUpstream:
         )  # fmt: skip
         ns = ["ip", "netns", "exec", self.lab.upstream_ns]
         sock = self.dir / "fcgi.sock"
-        self._procs.append(subprocess.Popen([*ns, "fcgiwrap", "-c", "4", "-s", f"unix:{sock}"]))
+        # Each in a process group of its own: fcgiwrap's forked workers (and nginx's) are
+        # stopped with their parent, not left running after the test.
+        self._procs.append(subprocess.Popen([*ns, "fcgiwrap", "-c", "4", "-s", f"unix:{sock}"], start_new_session=True))
         self._procs.append(
-            subprocess.Popen([*ns, "nginx", "-c", str(self.dir / "nginx.conf"), "-e", str(self.dir / "error.log")])
+            subprocess.Popen(
+                [*ns, "nginx", "-c", str(self.dir / "nginx.conf"), "-e", str(self.dir / "error.log")],
+                start_new_session=True,
+            )
         )
         deadline = time.monotonic() + 10
         while not (sock.exists() and self.lab.exec("true").returncode == 0 and self._listening()):
@@ -114,7 +121,9 @@ class NginxUpstream:
         return f":{self.https_port} " in out
 
     def __exit__(self, *exc) -> None:
-        for proc in reversed(self._procs):  # only what this started, by PID
+        for proc in reversed(self._procs):  # only what this started: its process group, by PID
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
             _terminate(proc)
 
     # -- repositories ------------------------------------------------------------------
