@@ -24,7 +24,7 @@ import h2.connection
 import h2.events
 import pytest
 
-from e2e.support.clients import client_ca_bundle
+from e2e.support.clients import client_ca_bundle, status_and_reason
 from e2e.support.lab import HOSTS, Lab, in_netns
 from e2e.support.raw_upstream import RawUpstream
 
@@ -89,13 +89,6 @@ def exchange(lab: Lab, proxy, data: bytes, wait: float = 3) -> bytes:
         tls.close()
     return out
 
-
-def status_and_reason(answer: bytes) -> tuple[int, str]:
-    head = answer.partition(b"\r\n\r\n")[0].decode("latin-1")
-    first, *lines = head.split("\r\n")
-    status = int(first.split()[1]) if first.startswith("HTTP/") else 0
-    reason = next((v.strip() for k, _, v in (line.partition(":") for line in lines) if k.lower() == "x-egress-denied"), "")
-    return status, reason
 
 
 def credential_lines(raw: bytes) -> list[bytes]:

@@ -36,12 +36,12 @@ import uuid
 
 import pytest
 
+from e2e.support.clients import status_and_reason
 from e2e.support.lab import CANARY_PORT, EGRESS_PROXY, HOSTS, UPSTREAM_V4, Canary, Lab, raw_request
 from e2e.support.raw_upstream import RawUpstream
 from e2e.test_attack_ssrf_and_smuggling import (  # noqa: F401  (strict is a fixture)
     _h2_request,
     _h2_streams,
-    status_and_reason,
     strict,
 )
 

@@ -28,6 +28,7 @@ import h2.events
 import pytest
 from http_head import recv_head
 
+from e2e.support.clients import status_and_reason
 from e2e.support.lab import CANARY_PORT, EGRESS_PROXY, HOSTS, Lab, in_netns, raw_request
 
 CANARY_SECRET = "atk-canary-" + secrets.token_hex(8)
@@ -90,13 +91,6 @@ def assert_no_secret_leaked(proxy) -> None:
     for value in (CANARY_SECRET, TOKEN, OTHER_TOKEN, base64.b64encode(f"env-a:{TOKEN}".encode()).decode()):
         assert value not in everything
 
-
-def status_and_reason(answer: bytes) -> tuple[int, str]:
-    head = answer.partition(b"\r\n\r\n")[0].decode("latin-1")
-    first, *lines = head.split("\r\n")
-    status = int(first.split()[1]) if first.startswith("HTTP/") else 0
-    reason = next((v.strip() for k, _, v in (line.partition(":") for line in lines) if k.lower() == "x-egress-denied"), "")
-    return status, reason
 
 
 def marked_path() -> str:

@@ -23,7 +23,7 @@ import h2.connection
 import h2.events
 import pytest
 
-from e2e.support.clients import client_ca_bundle, curl
+from e2e.support.clients import client_ca_bundle, curl, status_and_reason
 from e2e.support.lab import HOSTS, Lab, in_netns, raw_request
 from e2e.support.nginx_upstream import NginxUpstream, head, refs
 from e2e.support.transparent_lab import Sandbox
@@ -651,13 +651,6 @@ def tls_exchange(lab: Lab, proxy, host: str, data: bytes, wait: float = 5) -> by
         tls.close()
     return out
 
-
-def status_and_reason(answer: bytes) -> tuple[int, str]:
-    head = answer.partition(b"\r\n\r\n")[0].decode("latin-1")
-    first, *lines = head.split("\r\n")
-    status = int(first.split()[1]) if first.startswith("HTTP/") else 0
-    reason = next((v.strip() for k, _, v in (line.partition(":") for line in lines) if k.lower() == "x-egress-denied"), "")
-    return status, reason
 
 
 def h2_exchange(

@@ -62,3 +62,12 @@ def as_received(lab: Lab, echo: dict) -> dict:
         if (hit["time"], hit["path"], hit["local"]) == key:
             return hit
     raise AssertionError(f"the upstream logged no request {key}")
+
+
+def status_and_reason(answer: bytes) -> tuple[int, str]:
+    """(status, X-Egress-Denied) of a raw HTTP/1 answer; status 0 when there is none."""
+    head = answer.partition(b"\r\n\r\n")[0].decode("latin-1")
+    first, *lines = head.split("\r\n")
+    status = int(first.split()[1]) if first.startswith("HTTP/") else 0
+    reason = next((v.strip() for k, _, v in (line.partition(":") for line in lines) if k.lower() == "x-egress-denied"), "")
+    return status, reason
